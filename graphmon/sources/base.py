@@ -1,0 +1,91 @@
+"""The source protocol: a source delivers windows of kernel records to a sink callback.
+
+A source owns its threads. The sink (the aggregator) must be cheap and must not raise into the
+source: it contains its own errors. Sources report health without blocking.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..trace import Trace
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """An on-demand window (POST /capture): N replays or D milliseconds, whichever ends first."""
+
+    id: str
+    replays: Optional[int] = None
+    duration_ms: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sampling window of kernel records, as delivered by a source."""
+
+    trace: Trace
+    started_s: float  # wall clock (time.time()) when the window opened
+    ended_s: float  # wall clock when it closed
+    dropped: int = 0  # records the source lost (e.g. CUPTI's dropped-record count)
+    observer_slowdown: Optional[float] = None  # in-window / out-of-window replay time, if measured
+    capture_id: Optional[str] = None  # set when the window answers a CaptureRequest
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    up: bool
+    state: str  # "starting" | "running" | "stopped" | "blocked" | "error"
+    reason: str = ""
+    errors: dict[str, int] = field(default_factory=dict)  # stage -> count
+
+
+Sink = Callable[[Window], None]
+
+
+class Source(abc.ABC):
+    """Base class of every source. Subclasses implement start/stop/request_capture."""
+
+    backend: str = "abstract"
+
+    def __init__(self) -> None:
+        self._errors: dict[str, int] = {}
+        self._errors_lock = threading.Lock()  # held for a dict update only
+        self._state = "starting"
+        self._reason = ""
+
+    def info(self) -> dict[str, str]:
+        """Static facts for graphmon_collector_info (backend, versions, ...)."""
+        return {"backend": self.backend}
+
+    @abc.abstractmethod
+    def start(self, sink: Sink) -> None:
+        """Start delivering windows to ``sink`` from the source's own thread(s)."""
+
+    @abc.abstractmethod
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop threads within ``timeout_s``; flush what is pending to the sink."""
+
+    def request_capture(self, request: CaptureRequest) -> None:
+        """Open an on-demand window; the resulting Window carries ``capture_id``."""
+        raise NotImplementedError(f"{self.backend} source does not take capture requests")
+
+    def count_error(self, stage: str) -> None:
+        with self._errors_lock:
+            self._errors[stage] = self._errors.get(stage, 0) + 1
+
+    def set_state(self, state: str, reason: str = "") -> None:
+        self._state, self._reason = state, reason
+
+    def health(self) -> SourceHealth:
+        with self._errors_lock:
+            errors = dict(self._errors)
+        return SourceHealth(up=self._state == "running", state=self._state, reason=self._reason, errors=errors)
+
+
+def wall_time() -> float:
+    return time.time()
