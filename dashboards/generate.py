@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""Generate graphmon's Grafana dashboards (JSON) from one place, so panels stay consistent.
+
+Usage:
+    python dashboards/generate.py          # (re)write dashboards/*.json
+    python dashboards/generate.py --check  # exit 1 if a committed JSON differs from what this makes
+
+The committed JSON is what users import and what Grafana's file provisioning loads; tests check it
+is up to date and run every panel query against a real Prometheus scraping ``graphmon serve``.
+
+Conventions:
+- The data source is a ``datasource`` template variable (file provisioning does not resolve
+  ``__inputs``), so every panel and variable points at ``${datasource}``.
+- Template variables (rank, device, graph, stream, upload_mode) are multi-select regex matchers
+  with ``.*`` as "All", so a query with every variable at "All" sees every series.
+- Graph families: the uploaded and lazy twins of one graph carry labels that differ only in a
+  trailing ``/upload`` / ``/no_upload`` (or ``/uploaded`` / ``/lazy``); :data:`FAMILY_REGEX`
+  strips it with ``label_replace`` so the two can be divided. A graph without such a suffix is its
+  own family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+
+# Everything before an optional upload-mode suffix; RE2 anchors label_replace regexes, and the
+# lazy ``.*?`` lets the optional suffix group take the suffix when there is one.
+FAMILY_REGEX = "(.*?)(/(upload|no_upload|uploaded|lazy|instantiate_upload))?"
+
+GRAPH_SEL = 'rank=~"$rank", device=~"$device", graph=~"$graph", upload_mode=~"$upload_mode"'
+STREAM_SEL = GRAPH_SEL + ', stream=~"$stream"'
+# For uploaded-vs-lazy comparisons, which pick the upload mode themselves.
+STREAM_SEL_ANY_MODE = 'rank=~"$rank", device=~"$device", graph=~"$graph", stream=~"$stream"'
+RANK_SEL = 'rank=~"$rank"'
+
+
+def family(expr: str) -> str:
+    """Add a ``family`` label (graph label without its upload suffix) to ``expr``'s series."""
+    return f'label_replace({expr}, "family", "$1", "graph", "{FAMILY_REGEX}")'
+
+
+def mean_per(metric: str, by: str, sel: str) -> str:
+    """Mean observation of histogram ``metric`` over the rate window, grouped ``by``."""
+    return (
+        f"sum by ({by}) (rate({metric}_sum{{{sel}}}[{RATE}]))\n"
+        f"/\nsum by ({by}) (rate({metric}_count{{{sel}}}[{RATE}]))"
+    )
+
+
+def hist_quantile(q: str, metric: str, by: str, sel: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{sel}}}[{RATE}])))"
+
+
+def or_zero(expr: str, by: str, present: str = f"graphmon_up{{{RANK_SEL}}}") -> str:
+    """``expr``, or 0 per ``by`` group of the always-present series ``present``: a counter with a
+    label such as ``reason`` has no series until its first increment, and "0 errors" should read
+    0, not "No data"."""
+    return f"({expr})\nor\nsum by ({by}) (0 * {present})"
+
+
+# --- panel builders -------------------------------------------------------------------------
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, wrapping rows."""
+
+    def __init__(self) -> None:
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False, fmt: str = "time_series") -> dict[str, Any]:
+    return {
+        "datasource": DS,
+        "refId": ref,
+        "expr": expr,
+        "legendFormat": legend or "__auto",
+        "range": not instant,
+        "instant": instant,
+        "format": fmt,
+        "editorMode": "code",
+    }
+
+
+def targets(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    return [target(expr, legend, ref=chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def row(layout: Layout, title: str) -> dict[str, Any]:
+    if layout.x:
+        layout.x, layout.y, layout.row_h = 0, layout.y + layout.row_h, 0
+    pos = layout.place(24, 1)
+    layout.x, layout.y, layout.row_h = 0, layout.y + 1, 0
+    return {"type": "row", "id": layout.new_id(), "title": title, "collapsed": False, "gridPos": pos, "panels": []}
+
+
+def timeseries(layout: Layout, title: str, description: str, tgts: list[dict[str, Any]], *, unit: str = "s",
+               w: int = 12, h: int = 8, min_value: float | None = 0) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"drawStyle": "line", "lineWidth": 1, "showPoints": "never"}}
+    if min_value is not None:
+        defaults["min"] = min_value
+    return {
+        "type": "timeseries",
+        "id": layout.new_id(),
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": layout.place(w, h),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": tgts,
+    }
+
+
+def heatmap(layout: Layout, title: str, description: str, expr: str, *, w: int = 12, h: int = 8) -> dict[str, Any]:
+    return {
+        "type": "heatmap",
+        "id": layout.new_id(),
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": layout.place(w, h),
+        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            # Prometheus already bucketed the data: Grafana must not re-bucket it.
+            "calculate": False,
+            "yAxis": {"unit": "s", "axisPlacement": "left"},
+            "rowsFrame": {"layout": "le"},
+            "color": {"mode": "scheme", "scheme": "Oranges", "exponent": 0.5, "fill": "dark-orange"},
+            "cellGap": 1,
+            "tooltip": {"show": True, "yHistogram": True},
+        },
+        "targets": [dict(target(expr, "{{le}}"), format="heatmap")],
+    }
+
+
+def stat(layout: Layout, title: str, description: str, expr: str, legend: str, *, unit: str = "none",
+         w: int = 6, h: int = 4, thresholds: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "type": "stat",
+        "id": layout.new_id(),
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": layout.place(w, h),
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "thresholds": {"mode": "absolute", "steps": thresholds or [{"color": "green", "value": None}]},
+            },
+            "overrides": [],
+        },
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                    "colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
+        "targets": [target(expr, legend)],
+    }
+
+
+def table(layout: Layout, title: str, description: str, expr: str, *, w: int = 24, h: int = 7) -> dict[str, Any]:
+    return {
+        "type": "table",
+        "id": layout.new_id(),
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": layout.place(w, h),
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"showHeader": True},
+        # One row per series with its labels as columns; drop the constant value and timestamp.
+        "transformations": [
+            {"id": "labelsToFields", "options": {"mode": "columns"}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True}}},
+        ],
+        "targets": [target(expr, "", instant=True, fmt="table")],
+    }
+
+
+# --- template variables ---------------------------------------------------------------------
+
+
+def datasource_var() -> dict[str, Any]:
+    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+            "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+
+
+def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "definition": query,
+        "query": {"query": query, "refId": f"var-{name}", "qryType": 1},
+        "refresh": 2,  # on time-range change: graphs come and go as the server restarts
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+        "regex": "",
+        "options": [],
+    }
+
+
+def dashboard(uid: str, title: str, description: str, variables: list[dict[str, Any]], panels: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["graphmon", "cuda-graphs"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,  # shared crosshair: compare gap, replay and health panels at one instant
+        "refresh": "10s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [datasource_var(), *variables]},
+        "annotations": {"list": []},
+        "links": [{"title": "graphmon dashboards", "type": "dashboards", "tags": ["graphmon"], "asDropdown": True}],
+        "panels": panels,
+    }
+
+
+# --- the dashboards -------------------------------------------------------------------------
+
+
+def decode_dashboard() -> dict[str, Any]:
+    lay = Layout()
+    p: list[dict[str, Any]] = []
+    gauge_gap = "graphmon_kernel_gap_quantile_seconds"
+    legend_stream = "{{graph}} s{{stream}} [{{upload_mode}}] r{{rank}}/d{{device}}"
+    legend_graph = "{{graph}} [{{upload_mode}}] r{{rank}}/d{{device}}"
+    by_graph = "rank, device, graph, upload_mode"
+
+    p.append(row(lay, "Kernel gaps (gap = next kernel start - previous kernel end, same replay and stream)"))
+    p.append(timeseries(lay, "Median kernel gap per stream (last window)",
+                        "Exact median of the gaps of the last collector window, per graph, stream and upload mode.",
+                        targets((f'{gauge_gap}{{quantile="0.5", {STREAM_SEL}}}', legend_stream))))
+    p.append(timeseries(lay, "p90 kernel gap per stream (last window)",
+                        "Exact 90th percentile of the gaps of the last collector window.",
+                        targets((f'{gauge_gap}{{quantile="0.9", {STREAM_SEL}}}', legend_stream))))
+    p.append(timeseries(lay, "Kernel gap by upload mode (histogram, rate window)",
+                        "Quantiles estimated from the gap histogram over the rate window, all selected graphs "
+                        "and streams pooled per upload mode. Bucket-resolution estimates; the per-window panels above are exact.",
+                        targets(
+                            (hist_quantile("0.5", "graphmon_kernel_gap_seconds", "upload_mode", STREAM_SEL), "p50 [{{upload_mode}}]"),
+                            (hist_quantile("0.99", "graphmon_kernel_gap_seconds", "upload_mode", STREAM_SEL), "p99 [{{upload_mode}}]"),
+                        )))
+    p.append(heatmap(lay, "Kernel gap distribution (heatmap)",
+                     "Gaps per second in each histogram bucket. Negative gaps (overlap) are in the first bucket.",
+                     f"sum by (le) (rate(graphmon_kernel_gap_seconds_bucket{{{STREAM_SEL}}}[{RATE}]))"))
+    uploaded_median = family(f'{gauge_gap}{{quantile="0.5", upload_mode=~"uploaded|instantiate_upload", {STREAM_SEL_ANY_MODE}}}')
+    lazy_median = family(f'{gauge_gap}{{quantile="0.5", upload_mode="lazy", {STREAM_SEL_ANY_MODE}}}')
+    uploaded_mean = mean_per("graphmon_kernel_gap_seconds", "rank, device", 'upload_mode=~"uploaded|instantiate_upload", ' + STREAM_SEL_ANY_MODE)
+    lazy_mean = mean_per("graphmon_kernel_gap_seconds", "rank, device", 'upload_mode="lazy", ' + STREAM_SEL_ANY_MODE)
+    p.append(timeseries(lay, "Uploaded / lazy kernel gap ratio",
+                        "Below 1: uploading the graph before launch shortens gaps. Per graph family (the uploaded "
+                        "and lazy twin, labels equal up to a /upload or /no_upload suffix): the mean over streams "
+                        "of the last-window median gap. Per device: the mean gap from the histograms, all graphs pooled.",
+                        targets(
+                            (f"avg by (rank, device, family) ({uploaded_median})\n/ on (rank, device, family)\n"
+                             f"avg by (rank, device, family) ({lazy_median})",
+                             "{{family}} r{{rank}}/d{{device}}"),
+                            (f"({uploaded_mean})\n/ on (rank, device)\n({lazy_mean})", "all graphs r{{rank}}/d{{device}}"),
+                        ), unit="none", min_value=None))
+    p.append(timeseries(lay, "Negative gaps (overlapping kernels) per second",
+                        "Kernels that started before the previous kernel on the same stream ended (counted in the first gap bucket too). "
+                        "0 while none happen.",
+                        targets((or_zero(f"sum by ({by_graph}) (rate(graphmon_kernel_gap_negative_total{{{STREAM_SEL}}}[{RATE}]))",
+                                         by_graph, f"graphmon_replays_sampled_total{{{GRAPH_SEL}}}"),
+                                 legend_graph)), unit="ops"))
+
+    p.append(row(lay, "Replays (span = first kernel start to last kernel end of one replay)"))
+    p.append(timeseries(lay, "Replay GPU time, busy and idle (median, last window)",
+                        "gpu: replay span; busy: union of kernel execution; idle = gpu - busy.",
+                        targets(
+                            (f'graphmon_replay_quantile_seconds{{quantile="0.5", kind=~"gpu|busy|idle", {GRAPH_SEL}}}',
+                             "{{graph}} {{kind}} p50 [{{upload_mode}}] r{{rank}}/d{{device}}"),
+                            (f'graphmon_replay_quantile_seconds{{quantile="0.99", kind="gpu", {GRAPH_SEL}}}',
+                             "{{graph}} gpu p99 [{{upload_mode}}] r{{rank}}/d{{device}}"),
+                        )))
+    p.append(timeseries(lay, "Idle per replay attributable to gaps",
+                        "Mean idle time per replay (no kernel running on any stream between the replay's first start "
+                        "and last end: the cost of gaps), next to the sum of all per-stream kernel gaps per replay "
+                        "(larger when streams' gaps do not overlap each other's kernels).",
+                        targets(
+                            (mean_per("graphmon_replay_idle_seconds", by_graph, GRAPH_SEL), "idle/replay {{graph}} [{{upload_mode}}]"),
+                            (f"sum by ({by_graph}) (rate(graphmon_kernel_gap_seconds_sum{{{GRAPH_SEL}}}[{RATE}]))\n/\n"
+                             f"sum by ({by_graph}) (rate(graphmon_replay_gpu_seconds_count{{{GRAPH_SEL}}}[{RATE}]))",
+                             "sum of gaps/replay {{graph}} [{{upload_mode}}]"),
+                        )))
+    p.append(timeseries(lay, "Idle share of replay GPU time",
+                        "Idle time / replay span over the rate window: the fraction of a replay the GPU waits between kernels.",
+                        targets((f"sum by ({by_graph}) (rate(graphmon_replay_idle_seconds_sum{{{GRAPH_SEL}}}[{RATE}]))\n/\n"
+                                 f"sum by ({by_graph}) (rate(graphmon_replay_gpu_seconds_sum{{{GRAPH_SEL}}}[{RATE}]))",
+                                 legend_graph)), unit="percentunit"))
+    p.append(timeseries(lay, "Kernels per replay (median, last window)", "",
+                        targets((f"graphmon_kernels_per_replay{{{GRAPH_SEL}}}", legend_graph)), unit="none"))
+    p.append(timeseries(lay, "Replays sampled per second", "Replays whose kernels the collector timed.",
+                        targets((f"sum by ({by_graph}) (rate(graphmon_replays_sampled_total{{{GRAPH_SEL}}}[{RATE}]))",
+                                 legend_graph)), unit="ops"))
+    p.append(timeseries(lay, "Launch latency (CPU launch to first kernel start)",
+                        "Only where the launch time is known (live CUPTI, Kineto traces); no data for recorded traces without launches.",
+                        targets(
+                            (hist_quantile("0.5", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL), "p50 {{graph}} [{{upload_mode}}]"),
+                            (hist_quantile("0.99", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL), "p99 {{graph}} [{{upload_mode}}]"),
+                        )))
+    p.append(timeseries(lay, "Gap between replays",
+                        "Previous replay's last kernel end to the next replay's first kernel start, same graph: host-side time between decode steps.",
+                        targets(
+                            (hist_quantile("0.5", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL), "p50 {{graph}} [{{upload_mode}}]"),
+                            (hist_quantile("0.9", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL), "p90 {{graph}} [{{upload_mode}}]"),
+                        )))
+    p.append(row(lay, "Graphs"))
+    p.append(table(lay, "Graphs seen", "One row per graph exec: key, label, upload mode and whether it was uploaded on its launch stream.",
+                   f"graphmon_graph_info{{{GRAPH_SEL}}}"))
+
+    variables = [
+        query_var("rank", "Rank", "label_values(graphmon_up, rank)"),
+        query_var("device", "Device", 'label_values(graphmon_graph_info{rank=~"$rank"}, device)'),
+        query_var("graph", "Graph", 'label_values(graphmon_graph_info{rank=~"$rank", device=~"$device"}, graph)'),
+        query_var("upload_mode", "Upload mode",
+                  'label_values(graphmon_graph_info{rank=~"$rank", device=~"$device", graph=~"$graph"}, upload_mode)'),
+        query_var("stream", "Stream",
+                  'label_values(graphmon_kernel_gap_quantile_seconds{rank=~"$rank", device=~"$device", graph=~"$graph", upload_mode=~"$upload_mode"}, stream)'),
+    ]
+    return dashboard("graphmon-decode", "graphmon / CUDA graph decode timing",
+                     "Kernel gaps and replay timing of CUDA graphs, per graph, stream and upload mode.", variables, p)
+
+
+def health_dashboard() -> dict[str, Any]:
+    lay = Layout()
+    p: list[dict[str, Any]] = []
+    red_below_1 = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+    p.append(stat(lay, "Collector up", "1 while the CUPTI collector (or replay source) runs; 0 after it stopped or failed to start.",
+                  f"min by (rank) (graphmon_up{{{RANK_SEL}}})", "rank {{rank}}", thresholds=red_below_1))
+    p.append(stat(lay, "Time since last window", "Seconds since the last analysis window closed. Grows when the collector stalls.",
+                  f"time() - max by (rank) (graphmon_last_window_timestamp_seconds{{{RANK_SEL}}})", "rank {{rank}}", unit="s",
+                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 60}, {"color": "red", "value": 300}]))
+    p.append(stat(lay, "Observer slowdown", "Replay time inside a sampling window / outside it (1.0 = no overhead). "
+                  "Absent where unknown, e.g. replayed traces.",
+                  f"max by (rank) (graphmon_observer_slowdown_ratio{{{RANK_SEL}}})", "rank {{rank}}", unit="none",
+                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.05}, {"color": "red", "value": 1.2}]))
+    p.append(stat(lay, "Series folded into \"other\"", "Graphs beyond the series cap are exported as graph=\"other\"; raise the cap if this grows.",
+                  f"sum by (rank) (graphmon_series_folded_total{{{RANK_SEL}}})", "rank {{rank}}",
+                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]))
+    p.append(timeseries(lay, "Windows per second", "Analysis windows closed per second.",
+                        targets((f"sum by (rank) (rate(graphmon_windows_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}}")), unit="ops"))
+    p.append(timeseries(lay, "Kernel records per second", "Records analysed and records dropped (buffer full) per second.",
+                        targets(
+                            (f"sum by (rank) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))", "records r{{rank}}"),
+                            (f"sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))", "dropped r{{rank}}"),
+                        ), unit="ops"))
+    p.append(timeseries(lay, "Dropped record share", "Dropped / (analysed + dropped) over the rate window. Any drop biases gap statistics.",
+                        targets((f"sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))\n/\n"
+                                 f"(sum by (rank) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))\n"
+                                 f" + sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}])))",
+                                 "rank {{rank}}")), unit="percentunit"))
+    p.append(timeseries(lay, "Invalid records by reason", "Kernel records excluded by validation (zero start, end before start, duplicate ...) per second.",
+                        targets((or_zero(f"sum by (rank, reason) (rate(graphmon_records_invalid_total{{{RANK_SEL}}}[{RATE}]))", "rank"),
+                                 "{{reason}} r{{rank}}")), unit="ops"))
+    p.append(timeseries(lay, "Collector errors by stage", "Errors caught inside the collector (it never raises into the serving process), per stage.",
+                        targets((or_zero(f"sum by (rank, stage) (increase(graphmon_collector_errors_total{{{RANK_SEL}}}[{RATE}]))", "rank"),
+                                 "{{stage}} r{{rank}}")), unit="none"))
+    p.append(timeseries(lay, "Observer slowdown over time", "Replay time inside a sampling window / outside it.",
+                        targets((f"graphmon_observer_slowdown_ratio{{{RANK_SEL}}}", "rank {{rank}}")), unit="none", min_value=None))
+    p.append(table(lay, "Collector", "Backend and version per rank.", f"graphmon_collector_info{{{RANK_SEL}}}", h=5))
+    variables = [query_var("rank", "Rank", "label_values(graphmon_up, rank)")]
+    return dashboard("graphmon-health", "graphmon / collector health",
+                     "Is graphmon collecting, how much, what it drops or rejects, and what it costs the host.", variables, p)
+
+
+def build() -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON model."""
+    return {"graphmon-decode.json": decode_dashboard(), "graphmon-health.json": health_dashboard()}
+
+
+def render(model: dict[str, Any]) -> str:
+    return json.dumps(model, indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if the committed JSON is not what this generates")
+    ap.add_argument("--out", type=Path, default=HERE, help="output folder (default: dashboards/)")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, model in build().items():
+        path = args.out / name
+        text = render(model)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
