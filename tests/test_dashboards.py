@@ -1,0 +1,152 @@
+"""The Grafana dashboards: generated JSON is current, well-formed, and every query parses.
+
+Whether every query returns data against a live graphmon is tests/test_prometheus_e2e.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+import yaml
+
+from _promutil import (
+    CONTRACT_SAMPLES,
+    DASHBOARDS,
+    expand,
+    iter_panels,
+    load_dashboards,
+    panel_targets,
+    promtool,
+    referenced_metrics,
+    variable_names,
+)
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = _generator()
+MODELS = load_dashboards()
+
+
+def test_committed_json_is_what_the_generator_makes(tmp_path):
+    assert set(MODELS) == set(GEN.build()), "a dashboard JSON was added or removed without the generator"
+    for name, model in GEN.build().items():
+        assert (DASHBOARDS / name).read_text() == GEN.render(model), f"{name} is stale: run python dashboards/generate.py"
+    # --check notices a stale file (so CI would too).
+    GEN.main(["--out", str(tmp_path)])
+    assert GEN.main(["--check", "--out", str(tmp_path)]) == 0
+    stale = tmp_path / "graphmon-decode.json"
+    stale.write_text(stale.read_text().replace("Median kernel gap", "Mean kernel gap"))
+    assert GEN.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_datasource_is_a_template_variable(name):
+    model = MODELS[name]
+    text = (DASHBOARDS / name).read_text()
+    assert "__inputs" not in text and "DS_PROMETHEUS" not in text  # file provisioning can't resolve these
+    ds_vars = [v for v in model["templating"]["list"] if v["type"] == "datasource"]
+    assert [v["name"] for v in ds_vars] == ["datasource"] and ds_vars[0]["query"] == "prometheus"
+    for panel in iter_panels(model["panels"]):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        for t in panel["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+    for var in model["templating"]["list"]:
+        if var["type"] == "query":
+            assert var["datasource"]["uid"] == "${datasource}"
+            # "All" must mean "every value", also values that appear after the dashboard loaded.
+            assert var["includeAll"] and var["allValue"] == ".*" and var["multi"]
+
+
+def test_decode_dashboard_has_the_filter_variables():
+    names = variable_names(MODELS["graphmon-decode.json"])
+    assert names == ["datasource", "rank", "device", "graph", "upload_mode", "stream"]
+    # Each variable's query only uses variables defined before it (Grafana resolves in order).
+    model = MODELS["graphmon-decode.json"]
+    seen: list[str] = []
+    for var in model["templating"]["list"]:
+        if var["type"] == "query":
+            used = set(re.findall(r"\$(\w+)", var["definition"]))
+            assert used <= set(seen), (var["name"], used - set(seen))
+            assert var["query"]["query"] == var["definition"]
+        seen.append(var["name"])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_layout_ids_and_grid(name):
+    model = MODELS[name]
+    panels = list(iter_panels(model["panels"]))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    occupied: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        cells = {(g["x"] + dx, g["y"] + dy) for dx in range(g["w"]) for dy in range(g["h"])}
+        assert not cells & occupied, f"panel {p['title']!r} overlaps another"
+        occupied |= cells
+    assert len({m["uid"] for m in MODELS.values()}) == len(MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_queries_only_use_exported_metrics(name):
+    for title, ref, expr in panel_targets(MODELS[name]):
+        unknown = referenced_metrics(expr) - CONTRACT_SAMPLES
+        assert not unknown, f"{name} / {title} / {ref} uses metrics graphmon does not export: {unknown}"
+    for var in MODELS[name]["templating"]["list"]:
+        if var["type"] == "query":
+            assert not referenced_metrics(var["definition"]) - CONTRACT_SAMPLES
+
+
+def test_required_panels_are_there():
+    exprs = {name: " ".join(e for _, _, e in panel_targets(m)) for name, m in MODELS.items()}
+    decode, health = exprs["graphmon-decode.json"], exprs["graphmon-health.json"]
+    for needed in ('graphmon_kernel_gap_quantile_seconds{quantile="0.5"', 'graphmon_kernel_gap_quantile_seconds{quantile="0.9"',
+                   "graphmon_kernel_gap_seconds_bucket", "label_replace(", 'kind=~"gpu|busy|idle"',
+                   "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", "graphmon_launch_latency_seconds_bucket"):
+        assert needed in decode, needed
+    for needed in ("graphmon_up", "graphmon_windows_total", "graphmon_records_dropped_total", "graphmon_records_invalid_total",
+                   "graphmon_observer_slowdown_ratio", "graphmon_series_folded_total", "graphmon_collector_errors_total",
+                   "graphmon_last_window_timestamp_seconds"):
+        assert needed in health, needed
+    heatmaps = [p for p in iter_panels(MODELS["graphmon-decode.json"]["panels"]) if p["type"] == "heatmap"]
+    assert heatmaps and all(t["format"] == "heatmap" for p in heatmaps for t in p["targets"])
+    assert all(p["options"]["calculate"] is False for p in heatmaps)  # buckets come from Prometheus
+
+
+@pytest.mark.parametrize(
+    "graph, family",
+    [("decode_bs1/upload", "decode_bs1"), ("decode_bs1/no_upload", "decode_bs1"), ("chain/upload", "chain"),
+     ("decode_bs2/lazy", "decode_bs2"), ("g2", "g2"), ("sig:ab12cd34", "sig:ab12cd34"), ("a/upload/x", "a/upload/x")],
+)
+def test_family_regex_strips_the_upload_suffix(graph, family):
+    # Prometheus anchors label_replace regexes at both ends; RE2 and Python agree on this pattern.
+    m = re.fullmatch(GEN.FAMILY_REGEX, graph)
+    assert m and m.group(1) == family
+
+
+def test_every_query_parses_with_promtool(tmp_path):
+    """promtool parses each expanded query as a recording rule: a typo fails here, without a server."""
+    rules = []
+    for name, model in MODELS.items():
+        names = variable_names(model)
+        for i, (title, ref, expr) in enumerate(panel_targets(model)):
+            rules.append({"record": f"check:{model['uid'].replace('-', '_')}:{i}_{ref}", "expr": expand(expr, names)})
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    res = promtool("check", "rules", str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in res.stdout + res.stderr
+
+    # And the check would notice a broken one.
+    path.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [{"record": "x", "expr": "sum by (le (rate(x[1m]))"}]}]}))
+    assert promtool("check", "rules", str(path)).returncode != 0
