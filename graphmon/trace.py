@@ -259,7 +259,14 @@ class Trace:
 
     # ------------------------------------------------------------------ native format
     def save(self, path: str | os.PathLike) -> None:
-        """Write the native format: an uncompressed-header npz (see docs/trace-format.md)."""
+        """Write the native format to ``path`` atomically (see docs/trace-format.md)."""
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "wb") as fh:
+            self.save_to(fh)
+        os.replace(tmp, path)  # never leave a half-written trace under the real name
+
+    def save_to(self, fh) -> None:
+        """Write the native format (a compressed npz) to a binary file object."""
         meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -271,11 +278,8 @@ class Trace:
         }
         arrays = {f"k_{k}": getattr(self, k) for k in KERNEL_COLUMNS}
         arrays.update({f"l_{k}": v for k, v in self.launches.items()})
-        arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
-        os.replace(tmp, path)  # never leave a half-written trace under the real name
+        arrays["meta_json"] = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
+        np.savez_compressed(fh, **arrays)
 
     @classmethod
     def from_native(cls, arrays: Mapping[str, np.ndarray], source: str = "") -> "Trace":
