@@ -44,6 +44,72 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def bundled_trace_path() -> str:
+    """The real H200 capture shipped with the package (the demo's default)."""
+    from importlib.resources import files
+
+    return str(files("graphmon") / "data" / "h200-decode.graphmon.npz")
+
+
+def _settings_from_args(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from .settings import Settings
+
+    over = {k: v for k, v in {
+        "host": args.host, "port": args.port, "token": args.token,
+        "window_interval_s": args.window_interval_s, "max_graphs": args.max_graphs, "max_streams": args.max_streams,
+    }.items() if v is not None}
+    try:
+        return Settings(**over)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise CliError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from .exporter import Exporter
+
+    settings = _settings_from_args(args)
+    if args.source == "cupti":
+        from .sources.cupti import CuptiSource
+
+        source = CuptiSource()
+    else:
+        from .sources.readers import read_trace
+        from .sources.replay import ReplaySource
+
+        path = args.replay or bundled_trace_path()
+        trace = read_trace(path, progress=None)
+        source = ReplaySource(trace, interval_s=settings.window_interval_s, speed=args.speed, name=path)
+    if settings.is_public and settings.token is None:
+        print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
+              "POST /capture is refused until a token is set", file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    exporter = Exporter(source, settings)
+    exporter.start()
+    print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{settings.port}/metrics "
+          f"(status: /status, docs: /docs)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(exporter.app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    finally:
+        exporter.stop()
+    return 0
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
+    p.add_argument("--port", type=int, help="port (default 9464; env GRAPHMON_PORT)")
+    p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
+    p.add_argument("--window-interval-s", type=float, help="seconds between windows (env GRAPHMON_WINDOW_INTERVAL_S)")
+    p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")
+    p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -59,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     prog.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     prog.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     a.set_defaults(func=_cmd_analyze)
+
+    sv = sub.add_parser("serve", help="run the exporter (replays the bundled H200 trace when no GPU source is chosen)")
+    sv.add_argument("--replay", metavar="PATH", help="replay this trace in a loop (default: the bundled H200 trace)")
+    sv.add_argument("--source", choices=("replay", "cupti"), default="replay",
+                    help="replay a recorded trace (default) or collect live with CUPTI in this process")
+    sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
+    _add_server_flags(sv)
+    sv.set_defaults(func=_cmd_serve)
 
     return p
 

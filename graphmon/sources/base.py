@@ -54,7 +54,7 @@ class Source(abc.ABC):
 
     def __init__(self) -> None:
         self._errors: dict[str, int] = {}
-        self._errors_lock = threading.Lock()  # held for a dict update only
+        self._errors_lock = threading.Lock()  # serialises increments; health() never takes it
         self._state = "starting"
         self._reason = ""
 
@@ -82,8 +82,9 @@ class Source(abc.ABC):
         self._state, self._reason = state, reason
 
     def health(self) -> SourceHealth:
-        with self._errors_lock:
-            errors = dict(self._errors)
+        # No lock: scrapes call this and must never wait on a lock CUPTI callbacks take.
+        # dict() of a dict is one C call under the GIL, so the copy is consistent.
+        errors = dict(self._errors)
         return SourceHealth(up=self._state == "running", state=self._state, reason=self._reason, errors=errors)
 
 

@@ -1,0 +1,191 @@
+"""FastAPI app: /metrics /status /healthz /graphs /capture /trace/{id} (+ OpenAPI at /docs).
+
+Mount it into an existing FastAPI/Starlette app (``app.mount("/graphmon", exporter.app)``) or run
+it standalone. Handlers read the latest snapshot; none of them touches CUPTI.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import re
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Optional
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client.exposition import choose_encoder
+from pydantic import BaseModel, Field, model_validator
+
+from . import __version__
+from .sources.base import CaptureRequest
+
+if TYPE_CHECKING:
+    from .exporter import Exporter
+
+MAX_BODY_BYTES = 16 * 1024
+TRACE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class CaptureBody(BaseModel):
+    replays: Optional[int] = Field(None, ge=1, description="close the window after this many replays")
+    duration_ms: Optional[float] = Field(None, gt=0, description="close the window after this long")
+    wait_s: float = Field(0.0, ge=0, le=30, description="wait up to this long for the window before answering")
+
+    @model_validator(mode="after")
+    def _one_bound(self):
+        if self.replays is None and self.duration_ms is None:
+            raise ValueError("give replays or duration_ms")
+        return self
+
+
+class CaptureAnswer(BaseModel):
+    id: str
+    ready: bool
+    trace_url: str
+
+
+def create_app(exporter: "Exporter") -> FastAPI:
+    app = FastAPI(
+        title="graphmon",
+        version=__version__,
+        description="Live CUDA-graph kernel-gap metrics. Prometheus scrapes /metrics.",
+    )
+    settings = exporter.settings
+    capture_lock = threading.Lock()
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        # Bounded request size: reject before reading a large body.
+        cl = request.headers.get("content-length")
+        if cl is not None and (not cl.isdigit() or int(cl) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
+        if request.method in ("POST", "PUT", "PATCH") and cl is None and "chunked" in request.headers.get("transfer-encoding", ""):
+            return JSONResponse({"detail": "chunked request bodies are not accepted"}, status_code=411)
+        return await call_next(request)
+
+    @app.get("/metrics", summary="Prometheus metrics (OpenMetrics when asked via Accept)")
+    def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        try:
+            body = encoder(exporter.registry)
+        except Exception as e:  # contained: count, and still answer with health metrics
+            exporter.aggregator.count_error("scrape", e)
+            raise HTTPException(500, "metrics rendering failed (counted in graphmon_collector_errors_total)")
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/healthz", summary="Liveness of the exporter itself")
+    def healthz() -> dict:
+        s = exporter.snapshot()
+        return {"status": "ok", "collector_up": s.up, "state": s.health.state}
+
+    @app.get("/status", summary="Collector state and per-graph, per-stream gap summary")
+    def status() -> dict:
+        s = exporter.snapshot()
+        return {
+            "version": __version__,
+            "backend": dict(s.backend_info),
+            "state": s.health.state,
+            "up": s.up,
+            "reason": s.health.reason,
+            "rank": s.rank,
+            "last_window_timestamp_s": s.last_window_s,
+            "last_window_age_s": None if s.last_window_s is None else max(0.0, time.time() - s.last_window_s),
+            "windows_total": s.windows_total,
+            "records_total": s.records_total,
+            "records_dropped_total": s.records_dropped_total,
+            "records_invalid_total": dict(s.records_invalid_total),
+            "errors_total": dict(s.errors_total),
+            "series_folded_total": s.series_folded_total,
+            "observer_slowdown_ratio": s.observer_slowdown,
+            "graphs": list(s.last_window_summary),
+            "upload_mode_comparison": upload_mode_comparison(s),
+            "config": {  # no secrets: the token is reported as set/unset only
+                "host": settings.host,
+                "port": settings.port,
+                "token_set": settings.token is not None,
+                "max_graphs": settings.max_graphs,
+                "max_streams": settings.max_streams,
+                "trace_store_count": settings.trace_store_count,
+                "window_interval_s": settings.window_interval_s,
+            },
+            "windows": list(s.windows),
+        }
+
+    @app.get("/graphs", summary="Monitored graphs and their upload modes")
+    def graphs() -> list:
+        s = exporter.snapshot()
+        out = []
+        for (d, graph), g in sorted(s.graphs.items()):
+            key = (d, graph, g.upload_mode)
+            out.append({
+                "device": d, "graph": graph, "graph_key": g.graph_key, "label": g.label,
+                "upload_mode": g.upload_mode, "upload_stream_is_launch_stream": g.upload_stream_is_launch_stream,
+                "replays_sampled": s.replays_total.get(key, 0),
+                "kernels_per_replay": s.kernels_per_replay.get(key),
+            })
+        return out
+
+    def check_token(request: Request) -> None:
+        if settings.token is None:
+            if settings.is_public:
+                raise HTTPException(403, "POST /capture is refused on a public bind without GRAPHMON_TOKEN")
+            return
+        auth = request.headers.get("authorization", "")
+        if not auth.startswith("Bearer ") or not hmac.compare_digest(auth[7:].encode(), settings.token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.post("/capture", response_model=CaptureAnswer, summary="Open an on-demand window; returns its trace id")
+    def capture(body: CaptureBody, request: Request) -> CaptureAnswer:
+        check_token(request)
+        if body.replays is not None and body.replays > settings.max_capture_replays:
+            raise HTTPException(422, f"replays must be <= {settings.max_capture_replays}")
+        if body.duration_ms is not None and body.duration_ms > settings.max_capture_ms:
+            raise HTTPException(422, f"duration_ms must be <= {settings.max_capture_ms:g}")
+        cid = "c" + uuid.uuid4().hex[:16]
+        with capture_lock:
+            try:
+                exporter.source.request_capture(CaptureRequest(id=cid, replays=body.replays, duration_ms=body.duration_ms))
+            except NotImplementedError as e:
+                raise HTTPException(409, str(e))
+            except RuntimeError as e:
+                raise HTTPException(429, str(e))
+        ready = exporter.aggregator.wait_for(cid, body.wait_s) if body.wait_s > 0 else False
+        return CaptureAnswer(id=cid, ready=ready, trace_url=f"trace/{cid}")
+
+    @app.get("/trace/{trace_id}", summary="A window as Chrome/Perfetto trace JSON (or graphmon's native format)")
+    def trace(trace_id: str, format: str = "chrome") -> Response:
+        if not TRACE_ID.match(trace_id):
+            raise HTTPException(400, "trace id must be 1-64 characters of [A-Za-z0-9_-]")
+        if format not in ("chrome", "graphmon"):
+            raise HTTPException(400, "format must be 'chrome' or 'graphmon'")
+        t = exporter.store.get(trace_id)
+        if t is None:
+            raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
+        if format == "graphmon":
+            buf = io.BytesIO()
+            t.save_to(buf)
+            return Response(buf.getvalue(), media_type="application/octet-stream",
+                            headers={"Content-Disposition": f'attachment; filename="{trace_id}.graphmon.npz"'})
+        from .chrome import to_chrome_trace
+
+        return JSONResponse(to_chrome_trace(t))
+
+    return app
+
+
+def upload_mode_comparison(s) -> list[dict]:
+    """Per device and stream position: median gap by upload mode across graphs (last windows)."""
+    by: dict[tuple, dict[str, list[float]]] = {}
+    for (d, graph, stream, mode), qs in s.gap_quantiles.items():
+        if len(qs) > 1 and qs[1] == qs[1]:
+            by.setdefault((d, graph.rsplit("/", 1)[0]), {}).setdefault(mode, []).append(qs[1])
+    out = []
+    for (d, family), modes in sorted(by.items()):
+        if len(modes) < 2:
+            continue
+        med = {m: sorted(v)[len(v) // 2] for m, v in modes.items()}
+        out.append({"device": d, "graph_family": family, "median_gap_ns_by_upload_mode": med})
+    return out

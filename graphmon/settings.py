@@ -1,0 +1,51 @@
+"""Exporter settings: flags and GRAPHMON_* environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_rank() -> str:
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return os.environ[var]
+    return "0"
+
+
+def local_rank() -> int:
+    for var in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return 0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GRAPHMON_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
+    port: int = Field(9464, ge=0, le=65535, description="base port; attach() adds LOCAL_RANK")
+    token: Optional[str] = Field(None, description="bearer token required by POST /capture")
+    rank: str = Field(default_factory=_default_rank, description="the 'rank' label")
+    max_graphs: int = Field(64, ge=1, description="series cap: graphs per device before folding into 'other'")
+    max_streams: int = Field(16, ge=1, description="series cap: streams per graph before folding into 'other'")
+    trace_store_count: int = Field(16, ge=0, description="windows kept for GET /trace/{id}")
+    trace_store_bytes: int = Field(256 * 2**20, ge=0, description="bytes of windows kept for GET /trace/{id}")
+    max_capture_replays: int = Field(10_000, ge=1)
+    max_capture_ms: float = Field(10_000.0, gt=0)
+    # Replay source (demo / recorded traces)
+    window_interval_s: float = Field(1.0, gt=0, description="seconds between windows")
+    replays_per_window: int = Field(20, ge=1, description="replays per graph in one replayed window")
+
+    @field_validator("token")
+    @classmethod
+    def _empty_token_is_none(cls, v: Optional[str]) -> Optional[str]:
+        return v or None
+
+    @property
+    def is_public(self) -> bool:
+        return self.host not in ("127.0.0.1", "localhost", "::1")
