@@ -50,6 +50,14 @@ def _q(q: float) -> str:
     return f"{q:g}"
 
 
+def _add_summary(fam: Metric, name: str, labels: dict, quantiles, h: Hist) -> None:
+    for q, v in quantiles:
+        if v == v:  # NaN: no data
+            fam.add_sample(name, {**labels, "quantile": _q(q)}, v * NS)
+    fam.add_sample(name + "_count", labels, h.count)
+    fam.add_sample(name + "_sum", labels, h.sum_ns * NS)
+
+
 class SnapshotCollector:
     """A prometheus_client collector: yields metric families from the latest snapshot."""
 
@@ -73,20 +81,19 @@ class SnapshotCollector:
         neg = CounterMetricFamily(
             "graphmon_kernel_gap_negative", "Negative gaps (kernels overlapping on one stream) seen.", labels=STREAM_LABELS
         )
-        gq = GaugeMetricFamily(
-            "graphmon_kernel_gap_quantile_seconds",
-            "Exact gap quantile over the last window in which this series had replays.",
-            labels=STREAM_LABELS + ["quantile"],
-        )
+        # A summary: exact quantiles of the last window (the way client_python summaries use a recent
+        # window), with the cumulative count and sum. Plain gauges with a "quantile" label fail promtool.
+        gq = Metric("graphmon_kernel_gap_quantile_seconds",
+                    "Exact gap quantiles over the last window in which this series had replays; count/sum cumulative.",
+                    "summary")
         for key in sorted(s.gap_hist):
             d, graph, stream, mode = key
             lv = [rank, d, graph, stream, mode]
             h = s.gap_hist[key]
             gh.add_metric(lv, _hist_buckets(h, GAP_BUCKETS_NS), h.sum_ns * NS)
             neg.add_metric(lv, s.gap_negative_total.get(key, 0))
-            for q, v in zip(GAP_QUANTILES, s.gap_quantiles.get(key, ())):
-                if v == v:
-                    gq.add_metric(lv + [_q(q)], v * NS)
+            _add_summary(gq, "graphmon_kernel_gap_quantile_seconds", dict(zip(STREAM_LABELS, lv)),
+                         zip(GAP_QUANTILES, s.gap_quantiles.get(key, ())), h)
         yield gh
         yield neg
         yield gq
@@ -99,11 +106,9 @@ class SnapshotCollector:
                     fam.add_metric([rank, *key], _hist_buckets(h, REPLAY_KINDS[kind][1]), h.sum_ns * NS)
             yield fam
 
-        rq = GaugeMetricFamily(
-            "graphmon_replay_quantile_seconds",
-            "Exact quantile of replay GPU time (kind=gpu), busy or idle time over the last window.",
-            labels=GRAPH_LABELS + ["kind", "quantile"],
-        )
+        rq = Metric("graphmon_replay_quantile_seconds",
+                    "Exact quantiles of replay GPU time (kind=gpu), busy or idle time over the last window; "
+                    "count/sum cumulative.", "summary")
         kpr = GaugeMetricFamily("graphmon_kernels_per_replay", "Median kernels per replay in the last window.", labels=GRAPH_LABELS)
         rt = CounterMetricFamily("graphmon_replays_sampled", "Graph replays seen inside sampling windows.", labels=GRAPH_LABELS)
         for key in sorted(s.replays_total):
@@ -112,8 +117,10 @@ class SnapshotCollector:
             if key in s.kernels_per_replay:
                 kpr.add_metric(lv, s.kernels_per_replay[key])
             for kind, qs in s.replay_quantiles.get(key, {}).items():
-                for q, v in zip(REPLAY_QUANTILES, qs):
-                    rq.add_metric(lv + [kind, _q(q)], v * NS)
+                h = s.replay_hist.get(key, {}).get(kind)
+                if h is not None:
+                    _add_summary(rq, "graphmon_replay_quantile_seconds", {**dict(zip(GRAPH_LABELS, lv)), "kind": kind},
+                                 zip(REPLAY_QUANTILES, qs), h)
         yield rq
         yield kpr
         yield rt

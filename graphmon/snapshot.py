@@ -255,6 +255,14 @@ class Aggregator:
     # ------------------------------------------------------------------ ingest
     def _ingest_locked(self, window: Window) -> str:
         t = window.trace
+        # Analyse before touching any counter, so a window that fails leaves no partial trace.
+        a = analyze(t)
+        from .report import graphs_summary  # local: report imports analysis only
+
+        summary = tuple(graphs_summary(a))
+        gseries = self._graph_series(a)
+        self._fold_gaps(a, gseries)
+        self._fold_replays(a, gseries)
         self._seq += 1
         wid = window.capture_id or f"w{self._seq}"
         self._windows += 1
@@ -265,13 +273,7 @@ class Aggregator:
         self._last_window_s = window.ended_s
         if window.observer_slowdown is not None:
             self._slowdown = float(window.observer_slowdown)
-        a = analyze(t)
-        gseries = self._graph_series(a)
-        self._fold_gaps(a, gseries)
-        self._fold_replays(a, gseries)
-        from .report import graphs_summary  # local: report imports analysis only
-
-        self._last_summary = tuple(graphs_summary(a))
+        self._last_summary = summary
         self.store.put(wid, t)
         return wid
 
