@@ -1,0 +1,674 @@
+"""Live CUPTI source: sampled CONCURRENT_KERNEL windows + driver-API graph callbacks.
+
+The only module of graphmon that touches cupti (imported lazily, injectable for tests). What
+it does, and why:
+
+- Kernel tracing perturbs what it measures (+12-33% per replay on an H200 while on, see
+  shared notes), so it is on only inside short *windows*: every ``interval_s`` a window opens
+  for ``window_launches`` graph launches or ``window_duration_ms``, whichever ends first.
+  Default duty cycle: <= 25 ms every 5 s = 0.5% of wall time, so <= 0.17% steady cost at a
+  33% in-window slowdown. ``request_capture`` opens a window soon and tags it.
+- Only CONCURRENT_KERNEL is enabled (KERNEL serializes kernels).
+- Graph identity/upload mode come from driver-API callbacks (runtime calls reach them too):
+  cuGraphInstantiate* (exit), cuGraphUpload*, cuGraphExecDestroy, cuGraphLaunch*. The launch
+  callback costs ~0.4% of a replay, so it is enabled only while it is needed: inside windows
+  and their reference phase, and while some exec created after attach has not launched yet
+  (its first launch decides ``lazy``).
+- Observer effect: CUDA events recorded on the launch stream around sampled graph launches,
+  in a reference phase just before each window and inside the window (the same method as the
+  probe's ground truth). ``Window.observer_slowdown`` = in-window / reference replay time.
+- Callbacks never raise into the host: every one is wrapped and errors are counted by stage.
+  ``cupti.finalize()`` is never called (it broke the CUDA context on the H200).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+
+from ..graphs import REGISTRY, GraphRegistry
+from ..trace import Trace
+from .base import CaptureRequest, Sink, Source, Window, wall_time
+
+log = logging.getLogger("graphmon.cupti")
+
+# Byte offsets in CUDA_GRAPH_INSTANTIATE_PARAMS {cuuint64_t flags; CUstream hUploadStream; ...}.
+_IP_FLAGS, _IP_UPLOAD_STREAM = 0, 8
+# Stream handles that are not real streams (legacy / per-thread default): never record events there.
+_SPECIAL_STREAMS = (0, 1, 2)
+
+
+def _load_cupti():
+    from cupti import cupti  # lazy: graphmon imports without CUDA
+
+    return cupti
+
+
+class CudaEvents:
+    """Minimal driver-API event timing through ctypes (libcuda). Injectable for tests."""
+
+    def __init__(self, lib=None) -> None:
+        self.lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
+        L = self.lib
+        self._elapsed = getattr(L, "cuEventElapsedTime_v2", None) or L.cuEventElapsedTime
+
+    def create(self) -> int:
+        ev = ctypes.c_void_p()
+        if self.lib.cuEventCreate(ctypes.byref(ev), 0):
+            raise RuntimeError("cuEventCreate failed")
+        return int(ev.value or 0)
+
+    def destroy(self, ev: int) -> None:
+        self.lib.cuEventDestroy_v2(ctypes.c_void_p(ev))
+
+    def is_capturing(self, stream: int) -> bool:
+        status = ctypes.c_int(0)
+        rc = self.lib.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status))
+        return rc != 0 or status.value != 0  # an error: treat as capturing, i.e. don't touch it
+
+    def record(self, ev: int, stream: int) -> bool:
+        return self.lib.cuEventRecord(ctypes.c_void_p(ev), ctypes.c_void_p(stream)) == 0
+
+    def elapsed_ms(self, ctx: int, ev0: int, ev1: int) -> Optional[float]:
+        """Waits for ev1, returns ev1 - ev0 in ms, or None if not measurable."""
+        L = self.lib
+        pushed = L.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)) == 0
+        try:
+            if L.cuEventSynchronize(ctypes.c_void_p(ev1)):
+                return None
+            ms = ctypes.c_float(0)
+            if self._elapsed(ctypes.byref(ms), ctypes.c_void_p(ev0), ctypes.c_void_p(ev1)):
+                return None
+            return float(ms.value)
+        finally:
+            if pushed:
+                L.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+class CuptiSource(Source):
+    backend = "cupti"
+
+    def __init__(
+        self,
+        cupti: Any = None,
+        *,
+        events: Any = None,
+        registry: Optional[GraphRegistry] = None,
+        window_launches: int = 32,
+        window_duration_ms: float = 25.0,
+        interval_s: float = 5.0,
+        first_window_s: float = 1.0,
+        capture_max_duration_ms: float = 2000.0,
+        buffer_size_bytes: int = 4 << 20,
+        max_buffers: int = 16,
+        max_window_records: int = 2_000_000,
+        observer: str = "events",  # "events" | "off"
+        max_timed_launches: int = 256,
+        blocked_retry_s: float = 30.0,
+        poll_s: float = 0.05,
+    ) -> None:
+        super().__init__()
+        self._cupti_arg = cupti
+        self.cupti: Any = None
+        self._events_arg = events
+        self.events: Any = None
+        self.registry = registry if registry is not None else REGISTRY
+        self.window_launches = int(window_launches)
+        self.window_duration_ms = float(window_duration_ms)
+        self.interval_s = float(interval_s)
+        self.first_window_s = float(first_window_s)
+        self.capture_max_duration_ms = float(capture_max_duration_ms)
+        self.buffer_size_bytes = int(buffer_size_bytes)
+        self.max_buffers = int(max_buffers)
+        self.max_window_records = int(max_window_records)
+        self.observer = observer
+        self.max_timed_launches = int(max_timed_launches)
+        self.blocked_retry_s = float(blocked_retry_s)
+        self.poll_s = float(poll_s)
+
+        self._sink: Optional[Sink] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._captures: deque[CaptureRequest] = deque(maxlen=16)
+        self._sub = None
+        self._handlers: dict[int, Any] = {}
+        self._launch_cbids: tuple[int, ...] = ()
+        self._launch_cb_on = False
+
+        # window state, written by callbacks (host threads) and the collector
+        self._in_window = False
+        self._phase: Optional[str] = None  # None | "ref" | "win": which launches are timed
+        self._launches: list[tuple[int, int, int, int]] = []  # corr, exec, launch_ns, stream handle
+        self._launch_count = 0
+        self._timed: list[tuple[str, int, int, int, int]] = []  # phase, exec, ctx, ev0, ev1
+        self._open_ev: dict[int, tuple[str, int, int, int, int]] = {}  # corr -> phase, exec, ctx, stream, ev0
+        self._free_events: dict[int, list[int]] = {}  # ctx -> free events
+        self._n_events = 0
+        self._stream_ids: dict[tuple[int, int], int] = {}
+
+        # records, written by the buffer-completed callback
+        self._rec_lock = threading.Lock()
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._n_records = 0
+        self._discarded = 0
+        self._names: dict[str, int] = {}
+        self._outstanding = 0
+        self._ingest_s = 0.0
+        self._ingest_records = 0
+
+        self.stats: dict[str, float] = {
+            "windows": 0,
+            "records": 0,
+            "dropped": 0,
+            "discarded": 0,
+            "ingest_records_per_s": 0.0,
+            "last_window_ms": 0.0,
+            "last_flush_ms": 0.0,
+        }
+        self.last_window: Optional[Window] = None
+
+    # ================================================================== protocol
+    def info(self) -> dict[str, str]:
+        return {"backend": self.backend, "observer": self.observer}
+
+    def start(self, sink: Sink) -> None:
+        if self._thread is not None:
+            return
+        self._sink = sink
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="graphmon-cupti", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+            if t.is_alive():
+                self.count_error("stop_timeout")
+        self._thread = None
+        if self._sub is not None:  # the thread did not get to it in time
+            self._teardown()
+        self.set_state("stopped")
+
+    def request_capture(self, request: CaptureRequest) -> None:
+        self._captures.append(request)
+        self._wake.set()
+
+    @property
+    def in_window(self) -> bool:
+        """True while kernel tracing is on (benchmarks use it to split their own timings)."""
+        return self._in_window
+
+    # ================================================================== collector thread
+    def _run(self) -> None:
+        next_window = time.monotonic() + self.first_window_s
+        while not self._stop.is_set():
+            try:
+                if self._sub is None:
+                    if not self._setup():
+                        self._stop.wait(self.blocked_retry_s)
+                        continue
+                    next_window = max(next_window, time.monotonic() + self.first_window_s)
+                self._sync_launch_cb()
+                now = time.monotonic()
+                if self._captures or now >= next_window:
+                    req = self._captures.popleft() if self._captures else None
+                    self._window(req)
+                    next_window = time.monotonic() + self.interval_s
+                    continue
+                self._wake.wait(min(self.poll_s, max(0.0, next_window - now)))
+                self._wake.clear()
+            except Exception:
+                self.count_error("collector")
+                log.exception("graphmon collector error")
+                self._stop.wait(1.0)
+        self._teardown()
+
+    def _setup(self) -> bool:
+        """Subscribe and register; False (state 'blocked') when another subscriber holds CUPTI."""
+        try:
+            if self.cupti is None:
+                self.cupti = self._cupti_arg if self._cupti_arg is not None else _load_cupti()
+            if self.events is None and self.observer == "events":
+                try:
+                    self.events = self._events_arg if self._events_arg is not None else CudaEvents()
+                except Exception:
+                    self.count_error("events_init")
+                    self.observer = "off"
+            c = self.cupti
+            self.registry.graph_exec_id = c.get_graph_exec_id
+            self._handlers = self._make_handlers()
+            try:
+                self._sub = c.subscribe(self._api_cb, None)
+            except Exception as e:
+                self.set_state("blocked", f"cupti subscribe failed (another profiler?): {e}")
+                return False
+            try:
+                D = c.CallbackDomain.DRIVER_API
+                for cbid in self._handlers:
+                    if cbid not in self._launch_cbids:
+                        c.enable_callback(1, self._sub, D, cbid)
+                c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            except Exception as e:
+                self._teardown()
+                self.set_state("blocked", f"cupti setup failed: {e}")
+                return False
+            self.set_state("running")
+            return True
+        except Exception as e:
+            self.count_error("setup")
+            self.set_state("error", f"cupti unavailable: {e}")
+            return False
+
+    def _teardown(self) -> None:
+        c, sub = self.cupti, self._sub
+        if sub is None:
+            return
+        if self._in_window:
+            self._end_window_tracing()
+        self._phase = None
+        try:
+            c.unsubscribe(sub)  # lets torch.profiler (Kineto) subscribe afterwards
+        except Exception:
+            self.count_error("unsubscribe")
+        self._sub = None
+        self._launch_cb_on = False
+        self._release_events()
+
+    def _make_handlers(self) -> dict[int, Any]:
+        c = self.cupti
+        ids = c.DriverApiTraceCbid
+        h: dict[int, Any] = {}
+
+        def add(name, fn):
+            cbid = getattr(ids, name, None)
+            if cbid is not None:
+                h[int(cbid)] = (name, fn)
+
+        for name in ("cuGraphLaunch", "cuGraphLaunch_ptsz"):
+            add(name, self._on_launch)
+        self._launch_cbids = tuple(k for k, (n, _) in h.items() if n.startswith("cuGraphLaunch"))
+        for name in ("cuGraphUpload", "cuGraphUpload_ptsz"):
+            add(name, self._on_upload)
+        for name in (
+            "cuGraphInstantiate",
+            "cuGraphInstantiate_v2",
+            "cuGraphInstantiateWithFlags",
+            "cuGraphInstantiateWithParams",
+            "cuGraphInstantiateWithParams_ptsz",
+        ):
+            add(name, self._on_instantiate)
+        add("cuGraphExecDestroy", self._on_destroy)
+        return h
+
+    def _set_launch_cb(self, on: bool) -> None:
+        if on == self._launch_cb_on or self._sub is None:
+            return
+        c = self.cupti
+        for cbid in self._launch_cbids:
+            c.enable_callback(1 if on else 0, self._sub, c.CallbackDomain.DRIVER_API, cbid)
+        self._launch_cb_on = on
+
+    def _sync_launch_cb(self) -> None:
+        # pending_first_launch is raised before the instantiate callback enables launches, so
+        # this never switches them off under an exec whose first launch is still to come.
+        self._set_launch_cb(self._phase is not None or self.registry.pending_first_launch > 0)
+
+    # ------------------------------------------------------------------ one window
+    def _window(self, req: Optional[CaptureRequest]) -> None:
+        c = self.cupti
+        n_target = self.window_launches
+        dur_ms = self.window_duration_ms
+        if req is not None:
+            n_target = req.replays if req.replays else 1 << 30
+            dur_ms = min(req.duration_ms or self.capture_max_duration_ms, self.capture_max_duration_ms)
+        timing = self.observer == "events" and self.events is not None
+
+        # reference phase: the same launches timed with events, tracing off
+        if timing:
+            self._timed = []
+            self._phase = "ref"
+            self._set_launch_cb(True)
+            self._launch_count = 0
+            self._wait_phase(n_target, dur_ms)
+
+        with self._rec_lock:
+            self._parts, self._n_records, self._discarded, self._names = [], 0, 0, {}
+        self._launches = []
+        self._launch_count = 0
+        self._set_launch_cb(True)
+        self._phase = "win" if timing else "untimed"
+        started = wall_time()
+        t0 = time.perf_counter()
+        self._in_window = True
+        c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        self._wait_phase(n_target, dur_ms)
+        flush_ms = self._end_window_tracing()
+        ended = wall_time()
+        self._phase = None
+        window_ms = (time.perf_counter() - t0) * 1e3
+
+        dropped = self._dropped()
+        slowdown = self._slowdown() if timing else None
+        trace = self._build_trace(req)
+        self.stats["windows"] += 1
+        self.stats["records"] += len(trace)
+        self.stats["dropped"] += dropped
+        self.stats["discarded"] += self._discarded
+        self.stats["last_window_ms"] = window_ms
+        self.stats["last_flush_ms"] = flush_ms
+        if self._ingest_s > 0:
+            self.stats["ingest_records_per_s"] = self._ingest_records / self._ingest_s
+        w = Window(
+            trace=trace,
+            started_s=started,
+            ended_s=ended,
+            dropped=dropped + self._discarded,
+            observer_slowdown=slowdown,
+            capture_id=req.id if req is not None else None,
+        )
+        self.last_window = w
+        self._sync_launch_cb()
+        if self._sink is not None:
+            try:
+                self._sink(w)
+            except Exception:
+                self.count_error("sink")
+
+    def _wait_phase(self, n_target: int, dur_ms: float) -> None:
+        deadline = time.perf_counter() + dur_ms / 1e3
+        step = min(0.002, dur_ms / 1e3 / 4)
+        while not self._stop.is_set():
+            if self._launch_count >= n_target or time.perf_counter() >= deadline:
+                return
+            if self._phase == "win" or self._phase == "untimed":
+                if self._outstanding >= self.max_buffers:
+                    self.count_error("buffers_full")  # close early: bounded memory
+                    return
+            time.sleep(step)
+
+    def _end_window_tracing(self) -> float:
+        c = self.cupti
+        t0 = time.perf_counter()
+        try:
+            c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
+        except Exception:
+            self.count_error("activity_disable")
+        self._in_window = False
+        try:
+            c.activity_flush_all(1)
+        except Exception:
+            self.count_error("flush")
+        return (time.perf_counter() - t0) * 1e3
+
+    def _dropped(self) -> int:
+        n = ctypes.c_size_t(0)
+        try:
+            self.cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(n))
+        except Exception:
+            self.count_error("dropped_query")
+            return 0
+        return int(n.value)
+
+    # ------------------------------------------------------------------ trace building
+    def _build_trace(self, req: Optional[CaptureRequest]) -> Trace:
+        with self._rec_lock:
+            parts, names = self._parts, self._names
+            self._parts = []
+        # part layout: start, end, stream, device, graph_id, graph_node_id, correlation, name
+        dtypes = (np.int64, np.int64, np.int64, np.int32, np.int64, np.int64, np.int64, np.int32)
+        start, end, stream, device, gid, gnode, corr, name_id = (
+            np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(dtypes)
+        )
+
+        self.registry.resolve_ids()
+        infos = self.registry.infos()
+        seen_ids = set(np.unique(gid).tolist())
+        launches = self._launches
+        self._launches = []
+        exec_gid = {}
+        for _, h, _, _ in launches:
+            if h not in exec_gid:
+                g = self.registry.get(h)
+                exec_gid[h] = g.graph_id if g is not None else -1
+        seen_ids.update(exec_gid.values())
+        graphs = [g for g in infos if g.graph_id in seen_ids]
+        gindex = {g.graph_id: i for i, g in enumerate(graphs)}
+        lc = {
+            "correlation_id": np.array([l[0] for l in launches], np.int64),
+            "graph": np.array([gindex.get(exec_gid[l[1]], -1) for l in launches], np.int32),
+            "launch_ns": np.array([l[2] for l in launches], np.int64),
+            "stream": np.array([self._stream_id_of(l[3]) for l in launches], np.int64),
+        }
+        meta = {"source": "cupti", "capture_id": req.id if req is not None else None}
+        return Trace.build(
+            start_ns=start,
+            end_ns=end,
+            stream=stream,
+            device=device,
+            graph_id=gid,
+            graph_node_id=gnode,
+            correlation_id=corr,
+            name_id=name_id,
+            names=sorted(names, key=names.get),
+            launches=lc,
+            graphs=graphs,
+            meta=meta,
+        )
+
+    def _stream_id_of(self, key) -> int:
+        return self._stream_ids.get(key, -1) if isinstance(key, tuple) else int(key)
+
+    # ------------------------------------------------------------------ observer effect
+    def _slowdown(self) -> Optional[float]:
+        ev = self.events
+        timed, self._timed = self._timed, []
+        per: dict[int, dict[str, list[float]]] = {}
+        for phase, h, ctx, e0, e1 in timed:
+            try:
+                ms = ev.elapsed_ms(ctx, e0, e1)
+            except Exception:
+                ms = None
+                self.count_error("event_elapsed")
+            self._free_events.setdefault(ctx, []).extend((e0, e1))
+            if ms is not None and ms > 0:
+                per.setdefault(h, {"ref": [], "win": []})[phase].append(ms)
+        return slowdown_ratio(per)
+
+    def _release_events(self) -> None:
+        ev = self.events
+        for ctx, evs in self._free_events.items():
+            for e in evs:
+                try:
+                    ev.destroy(e)
+                except Exception:
+                    pass
+        self._free_events = {}
+        self._n_events = 0
+
+    def _get_event(self, ctx: int) -> int:
+        free = self._free_events.get(ctx)
+        if free:
+            return free.pop()
+        if self._n_events >= 2 * self.max_timed_launches + 8:
+            return 0
+        e = self.events.create()
+        self._n_events += 1
+        return e
+
+    # ================================================================== callbacks (host threads)
+    def _api_cb(self, userdata, domain, cbid, cbdata) -> None:
+        try:
+            h = self._handlers.get(cbid)
+            if h is not None:
+                h[1](h[0], cbdata)
+        except Exception:
+            self.count_error("callback")
+
+    def _on_launch(self, name: str, cbdata) -> None:
+        c = self.cupti
+        enter = cbdata.callback_site == c.ApiCallbackSite.API_ENTER
+        corr = cbdata.correlation_id
+        if enter:
+            if name == "cuGraphLaunch":
+                p = c.CuGraphLaunchParams.from_ptr(cbdata.function_params, readonly=True)
+                h = int(p.h_graph)  # named h_graph, holds the exec
+            else:
+                p = c.CuGraphLaunchPtszParams.from_ptr(cbdata.function_params, readonly=True)
+                h = int(p.h_graph_exec)
+            stream = int(p.h_stream or 0)
+            ctx = int(cbdata.context or 0)
+            key = (ctx, stream)
+            if key not in self._stream_ids:
+                self._stream_ids[key] = self._cupti_stream_id(ctx, stream)
+            self.registry.on_launch(h, self._stream_ids[key])
+            phase = self._phase
+            if self._in_window:
+                self._launches.append((corr, h, c.get_timestamp(), key))
+            if phase is not None:
+                self._launch_count += 1
+                if phase in ("ref", "win") and len(self._timed) + len(self._open_ev) < self.max_timed_launches:
+                    self._time_enter(phase, corr, h, ctx, stream)
+        elif corr in self._open_ev:
+            phase, h, ctx, stream, e0 = self._open_ev.pop(corr)
+            e1 = self._get_event(ctx)
+            if e1 and self.events.record(e1, stream):
+                self._timed.append((phase, h, ctx, e0, e1))
+            else:
+                self._free_events.setdefault(ctx, []).append(e0)
+                if e1:
+                    self._free_events[ctx].append(e1)
+
+    def _time_enter(self, phase: str, corr: int, h: int, ctx: int, stream: int) -> None:
+        if stream in _SPECIAL_STREAMS or self.events.is_capturing(stream):
+            return
+        e0 = self._get_event(ctx)
+        if not e0:
+            return
+        if self.events.record(e0, stream):
+            self._open_ev[corr] = (phase, h, ctx, stream, e0)
+        else:
+            self._free_events.setdefault(ctx, []).append(e0)
+
+    def _cupti_stream_id(self, ctx: int, stream: int) -> int:
+        try:
+            return int(self.cupti.get_stream_id_ex(ctx, stream, 0))
+        except Exception:
+            self.count_error("stream_id")
+            return -1
+
+    def _on_upload(self, name: str, cbdata) -> None:
+        c = self.cupti
+        if cbdata.callback_site != c.ApiCallbackSite.API_ENTER:
+            return
+        if name == "cuGraphUpload":
+            p = c.CuGraphUploadParams.from_ptr(cbdata.function_params, readonly=True)
+            h = int(p.h_graph)
+        else:
+            p = c.CuGraphUploadPtszParams.from_ptr(cbdata.function_params, readonly=True)
+            h = int(p.h_graph_exec)
+        ctx = int(cbdata.context or 0)
+        self.registry.on_upload(h, self._cupti_stream_id(ctx, int(p.h_stream or 0)))
+
+    def _on_instantiate(self, name: str, cbdata) -> None:
+        c = self.cupti
+        if cbdata.callback_site != c.ApiCallbackSite.API_EXIT or cbdata.function_return_value:
+            return
+        flags, upload_stream = 0, -1
+        ctx = int(cbdata.context or 0)
+        if name in ("cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz"):
+            cls = c.CuGraphInstantiateWithParamsParams if name.endswith("Params") else c.CuGraphInstantiateWithParamsPtszParams
+            p = cls.from_ptr(cbdata.function_params, readonly=True)
+            ip = int(p.instantiate_params or 0)
+            if ip:
+                flags = ctypes.c_uint64.from_address(ip + _IP_FLAGS).value
+                us = ctypes.c_void_p.from_address(ip + _IP_UPLOAD_STREAM).value or 0
+                upload_stream = self._cupti_stream_id(ctx, int(us))
+        elif name == "cuGraphInstantiateWithFlags":
+            p = c.CuGraphInstantiateWithFlagsParams.from_ptr(cbdata.function_params, readonly=True)
+            flags = int(p.flags_)
+        elif name == "cuGraphInstantiate_v2":
+            p = c.CuGraphInstantiateV2Params.from_ptr(cbdata.function_params, readonly=True)
+        else:
+            p = c.CuGraphInstantiateParams.from_ptr(cbdata.function_params, readonly=True)
+        ph = int(p.ph_graph_exec or 0)
+        if not ph:
+            return
+        h = ctypes.c_uint64.from_address(ph).value
+        try:
+            gid = int(c.get_graph_exec_id(h))
+        except Exception:
+            gid = -1
+        self.registry.on_instantiate(h, flags=flags, upload_stream=upload_stream, graph_id=gid)
+        if not self._launch_cb_on:
+            try:  # catch this exec's first launch even if it comes before the collector wakes
+                self._set_launch_cb(True)
+            except Exception:
+                self.count_error("launch_cb_enable")
+
+    def _on_destroy(self, name: str, cbdata) -> None:
+        c = self.cupti
+        if cbdata.callback_site != c.ApiCallbackSite.API_ENTER:
+            return
+        p = c.CuGraphExecDestroyParams.from_ptr(cbdata.function_params, readonly=True)
+        self.registry.on_destroy(int(p.h_graph_exec))
+
+    # ------------------------------------------------------------------ activity buffers
+    def _buffer_requested(self):
+        self._outstanding += 1
+        return self.buffer_size_bytes, 0
+
+    def _buffer_completed(self, activities) -> None:
+        try:
+            t0 = time.perf_counter()
+            self._outstanding = max(0, self._outstanding - 1)
+            kind = self.cupti.ActivityKind.CONCURRENT_KERNEL
+            acts = [a for a in activities if a.kind == kind]
+            if not acts:
+                return
+            names = self._names
+            room = self.max_window_records - self._n_records
+            if len(acts) > room:
+                self._discarded += len(acts) - max(room, 0)
+                acts = acts[: max(room, 0)]
+                if not acts:
+                    return
+            part = (
+                np.fromiter((a.start for a in acts), np.int64, len(acts)),
+                np.fromiter((a.end for a in acts), np.int64, len(acts)),
+                np.fromiter((a.stream_id for a in acts), np.int64, len(acts)),
+                np.fromiter((a.device_id for a in acts), np.int32, len(acts)),
+                np.fromiter((a.graph_id for a in acts), np.int64, len(acts)),
+                np.fromiter((a.graph_node_id for a in acts), np.int64, len(acts)),
+                np.fromiter((a.correlation_id for a in acts), np.int64, len(acts)),
+                np.fromiter((names.setdefault(a.name, len(names)) for a in acts), np.int32, len(acts)),
+            )
+            with self._rec_lock:
+                self._parts.append(part)
+                self._n_records += len(acts)
+            self._ingest_s += time.perf_counter() - t0
+            self._ingest_records += len(acts)
+        except Exception:
+            self.count_error("buffer_completed")
+
+
+def slowdown_ratio(per: dict[int, dict[str, list[float]]], min_samples: int = 3) -> Optional[float]:
+    """In-window / reference replay time: per graph the ratio of medians, weighted by the
+    number of in-window samples. None when no graph has ``min_samples`` in both phases."""
+    num = den = 0.0
+    for d in per.values():
+        r, w = d.get("ref", []), d.get("win", [])
+        if len(r) >= min_samples and len(w) >= min_samples:
+            ratio = float(np.median(w)) / float(np.median(r))
+            num += ratio * len(w)
+            den += len(w)
+    return num / den if den else None

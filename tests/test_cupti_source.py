@@ -1,0 +1,277 @@
+"""CuptiSource driven by a fake cupti (tests/fake_cupti.py) on the CPU."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from graphmon.graphs import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
+from graphmon.sources.base import CaptureRequest
+from graphmon.sources.cupti import CuptiSource, slowdown_ratio
+
+from fake_cupti import DriverApiTraceCbid, FakeCupti, FakeEvents, Kernel, decode_like
+
+MAIN, SIDE = 7, 8
+
+
+class Workload:
+    """Replays graphs in a loop from a host thread, like a serving loop."""
+
+    def __init__(self, fake, execs, stream=MAIN, period_s=0.0005):
+        self.fake, self.execs, self.stream, self.period_s = fake, execs, stream, period_s
+        self.stop = threading.Event()
+        self.errors = []
+        self.t = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                for h in self.execs:
+                    self.fake.launch(h, self.stream)
+                time.sleep(self.period_s)
+        except BaseException as e:  # the host must never see an exception from graphmon
+            self.errors.append(e)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop.set()
+        self.t.join(5)
+
+
+def make(fake=None, **kw):
+    fake = fake or FakeCupti()
+    windows = []
+    opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005)
+    opts.update(kw)
+    src = CuptiSource(cupti=fake, events=FakeEvents(fake), registry=GraphRegistry(), **opts)
+    return fake, src, windows
+
+
+def wait_for(pred, timeout=5.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def per_stream_gaps(trace):
+    gaps = {}
+    order = np.lexsort((trace.start_ns, trace.stream, trace.correlation_id))
+    s, c = trace.stream[order], trace.correlation_id[order]
+    st, en = trace.start_ns[order], trace.end_ns[order]
+    same = (s[1:] == s[:-1]) & (c[1:] == c[:-1])
+    for sid in np.unique(s):
+        m = same & (s[1:] == sid)
+        gaps[int(sid)] = set((st[1:] - en[:-1])[m].tolist())
+    return gaps
+
+
+def test_window_records_are_exact_and_linked_to_graphs():
+    fake, src, windows = make()
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    fake.upload(h, MAIN)
+    with Workload(fake, [h]) as w:
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    assert not w.errors
+    t = windows[1].trace
+    n_launch = len(np.unique(t.correlation_id))
+    assert len(t) == 12 * n_launch and n_launch >= 6
+    # every kernel of every launch: exact per-stream gaps as simulated
+    assert per_stream_gaps(t) == {MAIN: {400, 416}, SIDE: {600}}
+    assert t.n_launches == n_launch
+    assert set(t.launches["stream"].tolist()) == {MAIN}
+    assert np.all(t.launches["launch_ns"] > 0)
+    assert len(t.graphs) == 1 and t.graphs[0].upload_mode == "uploaded" and t.graphs[0].key == f"g{fake.exec_ids[h]}"
+    assert np.all(t.graph == 0)
+    assert t.invalid_total == 0 and windows[1].dropped == 0
+    assert src.stats["ingest_records_per_s"] > 0
+
+
+def test_upload_modes_detected():
+    fake, src, windows = make(interval_s=0.2)
+    pre = fake.instantiate(decode_like(1))  # existed before graphmon attached
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    up = fake.instantiate(decode_like(1))
+    fake.upload(up, SIDE)
+    lazy = fake.instantiate(decode_like(1))
+    inst = fake.instantiate(decode_like(1), flags=INSTANTIATE_FLAG_UPLOAD, upload_stream=SIDE, api="WithParams")
+    failed = fake.instantiate(decode_like(1), fail=True)
+    with Workload(fake, [pre, up, lazy, inst]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    modes = {g.graph_id: g for g in windows[-1].trace.graphs}
+    ids = fake.exec_ids
+    assert modes[ids[pre]].upload_mode == "unknown"
+    assert modes[ids[up]].upload_mode == "uploaded"
+    assert modes[ids[up]].upload_stream_is_launch_stream is False
+    assert modes[ids[lazy]].upload_mode == "lazy"
+    assert modes[ids[inst]].upload_mode == "instantiate_upload"
+    assert modes[ids[inst]].upload_stream == SIDE
+    assert failed not in ids and src.registry.get(failed) is None
+
+
+def test_launch_callback_only_on_while_needed():
+    fake, src, windows = make(interval_s=30.0, first_window_s=30.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    launch_cb = (1, DriverApiTraceCbid.cuGraphLaunch)
+    assert launch_cb not in fake.enabled
+    h = fake.instantiate(decode_like(1))
+    assert launch_cb in fake.enabled  # switched on by the instantiate callback itself
+    fake.launch(h, MAIN)
+    assert src.registry.get(h).upload_mode == "lazy"
+    assert wait_for(lambda: launch_cb not in fake.enabled)  # collector turns it off again
+    calls = fake.callback_calls
+    for _ in range(50):
+        fake.launch(h, MAIN)
+    assert fake.callback_calls == calls  # steady state: no Python callback per launch
+    src.stop()
+
+
+def test_capture_request_tagged_and_bounded_by_replays():
+    fake, src, windows = make(interval_s=30.0, first_window_s=30.0)
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(2))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: src.health().state == "running")
+        src.request_capture(CaptureRequest(id="cap-1", replays=3, duration_ms=2000))
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    w = windows[0]
+    assert w.capture_id == "cap-1"
+    n = len(np.unique(w.trace.correlation_id))
+    assert 3 <= n <= 5  # closes once 3 launches were seen (a launch or two may race the close)
+    assert w.ended_s >= w.started_s
+
+
+def test_observer_slowdown_measured_with_events():
+    fake, src, windows = make(FakeCupti(trace_slowdown=1.25))
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(3))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    assert windows[1].observer_slowdown == pytest.approx(1.25, rel=0.01)
+
+    fake, src, windows = make(FakeCupti(trace_slowdown=1.0))
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(3))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    assert windows[1].observer_slowdown == pytest.approx(1.0, rel=0.01)
+
+
+def test_no_events_on_capturing_streams():
+    fake = FakeCupti(trace_slowdown=1.2)
+    windows = []
+    src = CuptiSource(cupti=fake, events=FakeEvents(fake, capturing={MAIN}), registry=GraphRegistry(),
+                      window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005)
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(1))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    assert windows[0].observer_slowdown is None and len(windows[0].trace) > 0
+
+
+def test_blocked_by_another_subscriber_then_recovers():
+    fake, src, windows = make(blocked_retry_s=0.05)
+    fake.blocked_by_other = True
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "blocked")
+    assert src.health().up is False and "subscribe" in src.health().reason
+    fake.blocked_by_other = False
+    assert wait_for(lambda: src.health().state == "running")
+    src.stop()
+
+
+def test_stop_unsubscribes_disables_and_never_finalizes():
+    fake, src, windows = make(window_duration_ms=10_000, window_launches=10**6, observer="off")
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(1))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: src.in_window)
+        t0 = time.monotonic()
+        src.stop(timeout_s=5.0)
+        assert time.monotonic() - t0 < 2.0
+    assert fake.subscriber is None and not fake.activity and not fake.enabled
+    assert fake.finalize_calls == 0
+    assert src.health().state == "stopped"
+    # CUPTI is free again: another tool (torch.profiler) can subscribe
+    assert fake.subscribe(lambda *a: None, None)
+
+
+def test_callback_errors_are_counted_not_raised():
+    fake, src, windows = make(interval_s=30.0, first_window_s=30.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+
+    def boom(h):
+        raise RuntimeError("no such exec")
+
+    h = fake.instantiate(decode_like(1))
+    fake.get_graph_exec_id = boom
+    src.registry.graph_exec_id = boom
+    fake.instantiate(decode_like(1))  # graph id lookup fails inside the callback: tolerated
+    src._handlers[int(DriverApiTraceCbid.cuGraphUpload)] = ("cuGraphUpload", lambda n, d: 1 / 0)
+    fake.upload(h, MAIN)  # must not raise into the "host"
+    src.stop()
+    assert src.health().errors.get("callback", 0) >= 1
+
+
+def test_sink_errors_counted_and_source_keeps_going():
+    fake, src, _ = make()
+    seen = []
+
+    def sink(w):
+        seen.append(w)
+        raise ValueError("sink bug")
+
+    src.start(sink)
+    h = fake.instantiate(decode_like(1))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(seen) >= 3)
+    src.stop()
+    assert src.health().errors["sink"] >= 3
+
+
+def test_dropped_and_discarded_records_counted():
+    fake, src, windows = make(max_window_records=20)
+    fake.dropped = 5
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(4))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    w = windows[0]
+    assert len(w.trace) <= 20
+    assert w.dropped >= 5 + 1
+    assert src.stats["discarded"] >= 1
+
+
+def test_unavailable_cupti_is_an_error_state_not_a_crash():
+    class Broken:
+        def __getattr__(self, k):
+            raise ImportError("libcupti.so not found")
+
+    src = CuptiSource(cupti=Broken(), registry=GraphRegistry(), blocked_retry_s=0.05)
+    src.start(lambda w: None)
+    assert wait_for(lambda: src.health().state == "error")
+    src.stop()
+    assert src.health().state == "stopped"
+
+
+def test_slowdown_ratio_weights_and_minimum():
+    per = {1: {"ref": [1.0, 1.0, 1.0], "win": [1.2, 1.2, 1.2]}, 2: {"ref": [2.0] * 3, "win": [2.2] * 9}}
+    assert slowdown_ratio(per) == pytest.approx((1.2 * 3 + 1.1 * 9) / 12)
+    assert slowdown_ratio({1: {"ref": [1.0], "win": [1.0] * 5}}) is None
