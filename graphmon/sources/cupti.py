@@ -40,8 +40,10 @@ log = logging.getLogger("graphmon.cupti")
 
 # Byte offsets in CUDA_GRAPH_INSTANTIATE_PARAMS {cuuint64_t flags; CUstream hUploadStream; ...}.
 _IP_FLAGS, _IP_UPLOAD_STREAM = 0, 8
-# Stream handles that are not real streams (legacy / per-thread default): never record events there.
-_SPECIAL_STREAMS = (0, 1, 2)
+# The legacy default stream (0 / CU_STREAM_LEGACY) cannot be captured, and a graph launch on it
+# already synchronizes with every blocking stream, so an event recorded there cannot break a
+# capture; asking cuStreamIsCapturing about it during another stream's capture could.
+_LEGACY_STREAMS = (0, 1)
 
 
 def _load_cupti():
@@ -173,6 +175,7 @@ class CuptiSource(Source):
             "last_flush_ms": 0.0,
         }
         self.last_window: Optional[Window] = None
+        self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
@@ -378,6 +381,11 @@ class CuptiSource(Source):
         )
         self.last_window = w
         self._sync_launch_cb()
+        for tap in list(self.taps):
+            try:
+                tap(w)
+            except Exception:
+                self.count_error("tap")
         if self._sink is not None:
             try:
                 self._sink(w)
@@ -549,7 +557,7 @@ class CuptiSource(Source):
                     self._free_events[ctx].append(e1)
 
     def _time_enter(self, phase: str, corr: int, h: int, ctx: int, stream: int) -> None:
-        if stream in _SPECIAL_STREAMS or self.events.is_capturing(stream):
+        if stream not in _LEGACY_STREAMS and self.events.is_capturing(stream):
             return
         e0 = self._get_event(ctx)
         if not e0:

@@ -1,0 +1,356 @@
+"""graphmon on a real GPU: overhead, observer effect, ingest rate, correctness, recordings.
+
+Run on a CUDA machine with torch + cupti-python:  python bench/gpu_overhead.py --out DIR
+Writes DIR/gpu-overhead.json, DIR/gpu-overhead.md and two recorded traces
+(DIR/h200-graphmon-decode.graphmon.npz, DIR/h200-graphmon-chain.graphmon.npz).
+
+Sections (each recorded even if a later one fails):
+  1. upload modes: uploaded / lazy / instantiate_upload graphs created after attach, as labelled
+  2. correctness: kernel span per replay in a capture window vs this script's own CUDA events
+  3. observer effect: graphmon's observer_slowdown vs this script's in/out-of-window event ratio
+  4. steady overhead: attached (default sampling) vs not, interleaved arms, several instances
+  5. ingest rate (records/s of the cupti-python object path), flush time, records per window
+  6. torch.profiler after detach
+  7. recordings (record mode) of two shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import decode_server as ds  # noqa: E402
+
+import graphmon  # noqa: E402
+from graphmon.attach import attached  # noqa: E402
+from graphmon.sources.base import CaptureRequest  # noqa: E402
+
+R: dict = {"sections": {}, "errors": {}}
+
+
+def save(out):
+    with open(os.path.join(out, "gpu-overhead.json"), "w") as fh:
+        json.dump(R, fh, indent=1, default=str)
+
+
+def section(name, out):
+    def deco(fn):
+        t0 = time.perf_counter()
+        try:
+            R["sections"][name] = fn()
+        except Exception as e:
+            R["errors"][name] = f"{e!r}\n{traceback.format_exc()[-1500:]}"
+            print(f"[{name}] FAILED: {e!r}", flush=True)
+            traceback.print_exc()
+        R.setdefault("section_s", {})[name] = round(time.perf_counter() - t0, 1)
+        print(f"[{name}] {json.dumps(R['sections'].get(name), default=str)[:1500]}", flush=True)
+        save(out)
+        return fn
+
+    return deco
+
+
+def versions():
+    v = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
+         "python": platform.python_version()}
+    lib = ctypes.CDLL("libcuda.so.1")
+    d = ctypes.c_int()
+    lib.cuDriverGetVersion(ctypes.byref(d))
+    v["driver_api_version"] = d.value
+    try:
+        import subprocess
+
+        v["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as e:
+        v["driver"] = repr(e)
+    try:
+        from importlib.metadata import version
+
+        v["cupti_python"] = version("cupti-python")
+        v["nvidia_cuda_cupti"] = version("nvidia-cuda-cupti")
+    except Exception as e:
+        v["cupti_python"] = repr(e)
+    try:
+        from cupti import cupti
+
+        ver = ctypes.c_uint32()
+        v["cupti_api_version"] = getattr(cupti, "get_version", lambda: None)()
+    except Exception:
+        pass
+    return v
+
+
+def timed_replays(graphs, n, chunk=1, source=None):
+    """Replay graphs round-robin n times; per-replay CUDA-event ms and whether the source's
+    window was open before and after the replay was enqueued (tracing state at enqueue)."""
+    st = torch.cuda.current_stream()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    inw = np.zeros(n, bool)
+    ev[0].record(st)
+    for i in range(n):
+        a = source.in_window if source is not None else False
+        graphs[i % len(graphs)].replay()
+        ev[i + 1].record(st)
+        b = source.in_window if source is not None else False
+        inw[i] = a and b
+        if i % 32 == 31:
+            torch.cuda.synchronize()  # bound the queue: enqueue-time state ~ execution-time state
+    torch.cuda.synchronize()
+    ms = np.array([ev[i].elapsed_time(ev[i + 1]) for i in range(n)])
+    return ms, inw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--overhead-rounds", type=int, default=6)
+    ap.add_argument("--overhead-phase-s", type=float, default=6.0)
+    args = ap.parse_args()
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    R["versions"] = versions()
+    R["args"] = vars(args)
+    save(out)
+
+    model = ds.DecodeModel(layers=args.layers)
+    windows = []
+
+    # ---------------------------------------------------------------- 1. upload modes
+    ex = graphmon.attach(port=0, interval_s=3600.0, first_window_s=3600.0)  # windows only on demand
+    src = attached().source
+    src.taps.append(windows.append)
+    time.sleep(0.5)
+    R["attach_state"] = src.health().state
+    modes = ("uploaded", "lazy", "instantiate_upload")
+    graphs = {}
+    for m in modes:
+        try:
+            graphs[m] = ds.build(model, [1], [m])[0]
+        except Exception as e:
+            R["errors"][f"build_{m}"] = repr(e)
+    for r in graphs.values():
+        r.replay()
+    torch.cuda.synchronize()
+
+    @section("upload_modes", out)
+    def _():
+        res = {}
+        n0 = len(windows)
+        src.request_capture(CaptureRequest(id="modes", replays=3 * len(graphs), duration_ms=2000))
+        t0 = time.monotonic()
+        while len(windows) == n0 and time.monotonic() - t0 < 10:
+            for r in graphs.values():
+                r.replay()
+            torch.cuda.synchronize()
+        w = windows[-1]
+        by_label = {g.label: g for g in w.trace.graphs}
+        for m, r in graphs.items():
+            g = by_label.get(r.name)
+            res[m] = {"detected": g.upload_mode if g else None, "correct": bool(g and g.upload_mode == m),
+                      "upload_stream_is_launch_stream": g.upload_stream_is_launch_stream if g else None,
+                      "graph_key": g.key if g else None}
+        res["capture_id"] = w.capture_id
+        res["window_kernels"] = len(w.trace)
+        return res
+
+    # ---------------------------------------------------------------- 2+3. correctness, observer effect
+    dec = [graphs.get("uploaded") or next(iter(graphs.values()))]
+
+    @section("correctness_and_observer", out)
+    def _():
+        timed_replays(dec, 20)
+        n0 = len(windows)
+        N = 400
+        src.request_capture(CaptureRequest(id="validate", replays=60, duration_ms=2000))
+        ms, inw = timed_replays(dec, N, source=src)
+        t0 = time.monotonic()
+        while len(windows) == n0 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        w = windows[-1]
+        t = w.trace
+        corr = t.correlation_id
+        u, inv, cnt = np.unique(corr, return_inverse=True, return_counts=True)
+        smin = np.full(len(u), np.iinfo(np.int64).max)
+        emax = np.zeros(len(u), np.int64)
+        np.minimum.at(smin, inv, t.start_ns)
+        np.maximum.at(emax, inv, t.end_ns)
+        span_ms = (emax - smin) / 1e6
+        ev_in, ev_out = ms[inw], ms[~inw]
+        # in the reference phase graphmon times the same replays: use the out-of-window ones
+        res = {
+            "window_replays": int(len(u)),
+            "kernels_per_replay": sorted(set(cnt.tolist()))[:5],
+            "kernel_span_ms_median": float(np.median(span_ms)),
+            "event_ms_in_window_median": float(np.median(ev_in)) if len(ev_in) else None,
+            "event_ms_out_of_window_median": float(np.median(ev_out)),
+            "n_event_in_window": int(len(ev_in)),
+            "span_over_event_in_window": float(np.median(span_ms) / np.median(ev_in)) if len(ev_in) else None,
+            "observer_slowdown_graphmon": w.observer_slowdown,
+            "observer_slowdown_events": float(np.median(ev_in) / np.median(ev_out)) if len(ev_in) else None,
+            "window_dropped": w.dropped,
+            "invalid": dict(t.invalid),
+            "streams": int(len(np.unique(t.stream))),
+            "launch_rows": int(t.n_launches),
+            "launch_rows_linked": int((t.launches["graph"] >= 0).sum()),
+        }
+        return res
+
+    # ---------------------------------------------------------------- 4. steady overhead
+    graphmon.detach()
+    inst = [ds.build(model, [1], ["uploaded"], label=False)[0] for _ in range(3)]  # several instances per arm
+
+    @section("steady_overhead", out)
+    def _():
+        for r in inst:
+            r.replay()
+        timed_replays(inst, 60)
+        arms = {"off": [], "on": []}
+        windows_on = 0
+        slow = []
+        for rnd in range(args.overhead_rounds):
+            order = ("off", "on") if rnd % 2 == 0 else ("on", "off")
+            for arm in order:
+                if arm == "on":
+                    graphmon.attach(port=0)  # default sampling settings
+                    s = attached().source
+                    ws = []
+                    s.taps.append(ws.append)
+                t0 = time.monotonic()
+                tot, n = 0.0, 0
+                while time.monotonic() - t0 < args.overhead_phase_s:
+                    ms, _ = timed_replays(inst, 96)
+                    tot += ms.sum()
+                    n += len(ms)
+                arms[arm].append(tot / n)
+                if arm == "on":
+                    windows_on += len(ws)
+                    slow += [x.observer_slowdown for x in ws if x.observer_slowdown]
+                    graphmon.detach()
+        off, on = np.array(arms["off"]), np.array(arms["on"])
+        ratios = on / off
+        return {
+            "mean_replay_ms_off": arms["off"], "mean_replay_ms_on": arms["on"],
+            "overhead_ratio_mean": float(on.mean() / off.mean()),
+            "overhead_pct": float((on.mean() / off.mean() - 1) * 100),
+            "per_round_ratio": ratios.tolist(),
+            "windows_while_on": windows_on, "observer_slowdowns_seen": slow,
+            "phase_s": args.overhead_phase_s, "rounds": args.overhead_rounds,
+            "defaults": {"window_launches": 32, "window_duration_ms": 25.0, "interval_s": 5.0},
+        }
+
+    # ---------------------------------------------------------------- 5. ingest rate
+    @section("ingest", out)
+    def _():
+        graphmon.attach(port=0, interval_s=3600.0, first_window_s=3600.0, observer="off")
+        s = attached().source
+        ws = []
+        s.taps.append(ws.append)
+        time.sleep(0.3)
+        res = {}
+        for reps in (32, 256):
+            n0 = len(ws)
+            s._ingest_s = 0.0
+            s._ingest_records = 0
+            s.request_capture(CaptureRequest(id=f"ingest{reps}", replays=reps, duration_ms=2000))
+            t0 = time.monotonic()
+            while len(ws) == n0 and time.monotonic() - t0 < 15:
+                timed_replays(inst, 32)
+            w = ws[-1]
+            res[f"replays_{reps}"] = {"records": len(w.trace), "dropped": w.dropped,
+                                      "ingest_records_per_s": s.stats["ingest_records_per_s"],
+                                      "flush_ms": s.stats["last_flush_ms"], "window_ms": s.stats["last_window_ms"]}
+        graphmon.detach()
+        return res
+
+    # ---------------------------------------------------------------- 6. torch.profiler after detach
+    @section("profiler_after_detach", out)
+    def _():
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                inst[0].replay()
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return {"cuda_events": n, "ok": n > 0}
+
+    # ---------------------------------------------------------------- 7. recordings
+    @section("recordings", out)
+    def _():
+        res = {}
+        # shape A: the 4-stream decode graph, bs 1 and 2, uploaded and lazy (created after attach)
+        path = os.path.join(out, "h200-graphmon-decode.graphmon.npz")
+        graphmon.attach(record_path=path, record_windows=4, window_launches=12, interval_s=0.5, first_window_s=0.3)
+        gs = ds.build(model, [1, 2], ["uploaded", "lazy", "instantiate_upload"])
+        t0 = time.monotonic()
+        while not os.path.exists(path) and time.monotonic() - t0 < 20:
+            timed_replays(gs, 36)
+        graphmon.detach()
+        res["decode"] = _summ(path)
+        # shape B: single-stream chain of 1000 tiny kernels + a 2-stream decode, fewer layers
+        path = os.path.join(out, "h200-graphmon-chain.graphmon.npz")
+        graphmon.attach(record_path=path, record_windows=4, window_launches=12, interval_s=0.5, first_window_s=0.3)
+        chain = []
+        for m in ("uploaded", "lazy"):
+            r = ds.capture(f"chain1000/{m}", ds.chain_step, torch.zeros(1024, device="cuda"), m)
+            graphmon.label_graph(r.exec_handle, name=r.name, batch_size=1)
+            chain.append(r)
+        small = ds.DecodeModel(layers=16, side_streams=1, seed=1)
+        chain += ds.build(small, [4], ["uploaded"])
+        t0 = time.monotonic()
+        while not os.path.exists(path) and time.monotonic() - t0 < 20:
+            timed_replays(chain, 36)
+        graphmon.detach()
+        res["chain"] = _summ(path)
+        return res
+
+    # ---------------------------------------------------------------- 8. graphmon run
+    @section("graphmon_run", out)
+    def _():
+        from graphmon.attach import run_command
+
+        t0 = time.monotonic()
+        rc = run_command([sys.executable, os.path.join(os.path.dirname(ds.__file__), "decode_server.py"),
+                          "--seconds", "8", "--layers", "8", "--batch-sizes", "1"],
+                         {"port": 0, "interval_s": 1.0, "first_window_s": 0.5})
+        return {"rc": rc, "wall_s": round(time.monotonic() - t0, 1)}
+
+    print("DONE", json.dumps(R["errors"])[:2000], flush=True)
+    write_md(out)
+    return 0
+
+
+def _summ(path):
+    from graphmon.sources.readers import read_trace
+
+    t = read_trace(path)
+    return {"path": os.path.basename(path), "bytes": os.path.getsize(path), "kernels": len(t),
+            "graphs": [(g.label, g.upload_mode, g.key) for g in t.graphs], "windows": t.meta.get("windows"),
+            "observer_slowdown": t.meta.get("observer_slowdown")}
+
+
+def write_md(out):
+    S = R["sections"]
+    L = ["# graphmon on the GPU (bench/gpu_overhead.py)", "", "```", json.dumps(R["versions"], indent=1), "```", ""]
+    for k, v in S.items():
+        L += [f"## {k}", "", "```", json.dumps(v, indent=1, default=str)[:4000], "```", ""]
+    if R["errors"]:
+        L += ["## errors", "", "```", json.dumps(R["errors"], indent=1)[:4000], "```"]
+    with open(os.path.join(out, "gpu-overhead.md"), "w") as fh:
+        fh.write("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
