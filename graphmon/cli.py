@@ -44,6 +44,33 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """Exit 1 when a regression is flagged (so it can gate CI), 0 otherwise, 2 on bad input."""
+    try:
+        import scipy  # noqa: F401  (the statistics need it; optional extra)
+    except ImportError:
+        raise CliError("graphmon compare needs scipy: pip install 'graphmon[ab]'") from None
+    from .compare import Thresholds, compare
+    from .sources.readers import read_trace
+
+    pairs = []
+    for spec in args.pair or ():
+        if spec.count("=") != 1 or not all(spec.split("=")):
+            raise CliError(f"--pair expects BASE=CUR, got {spec!r}")
+        pairs.append(tuple(spec.split("=")))
+    th = Thresholds(min_shift_ns=args.min_shift_ns, min_rel=args.min_rel, alpha=args.alpha,
+                    min_replays=args.min_replays)
+    base = read_trace(args.baseline, progress=False)
+    cur = read_trace(args.current, progress=False)
+    result = compare(base, cur, pairs=pairs, thresholds=th)
+    if args.format == "json":
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(result.format_table())
+    return 1 if result.regressions else 0
+
+
 def bundled_trace_path() -> str:
     """The real H200 capture shipped with the package (the demo's default)."""
     from importlib.resources import files
@@ -133,6 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
     _add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
+
+    cp = sub.add_parser("compare", help="flag per-stream gap regressions between two traces (exit 1 on regression)")
+    cp.add_argument("baseline", metavar="BASELINE", help="trace file (any format graphmon reads)")
+    cp.add_argument("current", metavar="CURRENT", help="trace file (any format graphmon reads)")
+    cp.add_argument("--format", choices=("table", "json"), default="table")
+    cp.add_argument("--pair", action="append", metavar="BASE=CUR",
+                    help="match these graphs explicitly (display name, label or key); repeatable")
+    cp.add_argument("--min-shift-ns", type=float, default=128.0, help="smallest gap shift that counts (default 128 = 4 ticks)")
+    cp.add_argument("--min-rel", type=float, default=0.20, help="smallest relative gap shift that counts (default 0.20)")
+    cp.add_argument("--alpha", type=float, default=0.01, help="significance level after Bonferroni (default 0.01)")
+    cp.add_argument("--min-replays", type=int, default=5, help="replays needed per side to test a stream (default 5)")
+    cp.set_defaults(func=_cmd_compare)
 
     return p
 
