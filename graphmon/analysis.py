@@ -77,51 +77,81 @@ class Analysis:
 
 
 def analyze(trace: Trace) -> Analysis:
-    """Segment ``trace`` into replays and compute per-replay figures and per-stream gaps."""
-    g = trace.graph >= 0
-    idx = np.flatnonzero(g)
-    dev = trace.device[idx]
-    corr = trace.correlation_id[idx]
-    stream = trace.stream[idx]
-    start = trace.start_ns[idx]
-    end = trace.end_ns[idx]
-    graph = trace.graph[idx]
+    """Segment ``trace`` into replays and compute per-replay figures and per-stream gaps.
 
-    # One sort serves both replay segmentation and per-stream gaps.
-    order = np.lexsort((end, start, stream, corr, dev))
-    dev, corr, stream, start, end, graph = (a[order] for a in (dev, corr, stream, start, end, graph))
-    n = len(start)
-    if n == 0:
+    Speed: CUPTI and profilers deliver records nearly in time order, so every ordering here is a
+    stable argsort of one packed int64 key (timsort runs in near-linear time on such input; radix
+    sort for small group ids). ``np.lexsort`` is the fallback when keys do not pack into 63 bits.
+    """
+    gmask = trace.graph >= 0
+    idx = None if gmask.all() else np.flatnonzero(gmask)
+
+    def col(a):
+        return a if idx is None else a[idx]
+
+    dev, corr = col(trace.device), col(trace.correlation_id)
+    if len(dev) == 0:
         return Analysis(trace, _empty_replays(), _empty_gaps())
-
-    new_replay = np.r_[True, (dev[1:] != dev[:-1]) | (corr[1:] != corr[:-1])]
-    rstart = np.flatnonzero(new_replay)
-    rid = np.cumsum(new_replay) - 1
+    # 1. replays: stable sort by (device, correlation id)
+    dc = (dev.astype(np.int64) << 48) ^ corr
+    o1 = np.argsort(dc, kind="stable")
+    dcs = dc[o1]
+    new = np.empty(len(dcs), dtype=bool)
+    new[0] = True
+    np.not_equal(dcs[1:], dcs[:-1], out=new[1:])
+    rstart = np.flatnonzero(new)
+    rid = np.cumsum(new) - 1
     nrep = len(rstart)
+    start = col(trace.start_ns)[o1]
+    end = col(trace.end_ns)[o1]
+    stream = col(trace.stream)[o1]
+    head = o1[rstart]
+    rdev, rcorr, rgraph = dev[head], corr[head], col(trace.graph)[head]
 
     first = np.minimum.reduceat(start, rstart)
     last = np.maximum.reduceat(end, rstart)
     span = last - first
-    kernels = np.diff(np.r_[rstart, n])
-    busy = _union_busy(rid, start, end, first, nrep)
+    kernels = np.diff(np.r_[rstart, len(start)]).astype(np.int64)
+    rel_s = start - first[rid]
+    rel_e = end - first[rid]
+    srank, nstreams = _dense_ranks(stream)
 
-    # Per-stream gaps: consecutive kernels in (replay, stream, start) order.
-    same = (rid[1:] == rid[:-1]) & (stream[1:] == stream[:-1])
-    gap = (start[1:] - end[:-1])[same]
-    gsel = np.flatnonzero(same)  # position of the earlier kernel of each pair
-    gaps = _group_gaps(dev[gsel], graph[gsel], stream[gsel], gap)
+    tb = int(rel_e.max()).bit_length()
+    rb = max(1, int(nrep - 1).bit_length())
+    sb = max(1, int(nstreams - 1).bit_length())
+    packs = rb + sb + tb <= 62
+    # 2. union busy per replay: order by (replay, start)
+    if rb + tb <= 62:
+        o3 = np.argsort((rid << tb) | rel_s, kind="stable")
+    else:
+        o3 = np.lexsort((rel_s, rid))
+    busy = _union_busy_sorted(rid[o3], rel_s[o3], rel_e[o3], nrep)
+    # 3. per-stream gaps: order by (replay, stream, start, end)
+    if packs:
+        key = (rid << (sb + tb)) | (srank.astype(np.int64) << tb) | rel_s
+        o2 = np.argsort(key, kind="stable")
+        ks = key[o2]
+        if (ks[1:] == ks[:-1]).any():  # equal starts on one stream: order those by end, exactly
+            o2 = np.lexsort((rel_e, rel_s, srank, rid))
+    else:
+        o2 = np.lexsort((rel_e, rel_s, srank, rid))
+    r2, s2 = rid[o2], srank[o2]
+    same = (r2[1:] == r2[:-1]) & (s2[1:] == s2[:-1])
+    pair = np.flatnonzero(same)  # earlier kernel of each consecutive pair
+    gap = start[o2][pair + 1] - end[o2][pair]
+    # Group id per gap from its replay's (device, graph) rank and its stream rank: small ints.
+    dg_rank, _ = _dense_ranks((rdev.astype(np.int64) << 32) | rgraph)
+    rp = r2[pair]
+    gid = dg_rank[rp].astype(np.int64) * nstreams + s2[pair]
+    gaps = _group_gaps(gid, rdev[rp], rgraph[rp], stream[o2][pair], gap)
 
-    rdev = dev[rstart]
-    rcorr = corr[rstart]
-    rgraph = graph[rstart]
-    # The stream of the replay's first kernel (by start time) stands in for an unknown launch stream.
-    first_stream = _first_stream(rid, start, stream, nrep)
+    # First kernel's stream stands in for an unknown launch stream.
+    first_stream = stream[o3[np.r_[0, np.flatnonzero(np.diff(rid[o3])) + 1]]]
     latency, lstream = _launch_info(trace, rdev, rcorr, first)
     rstream = np.where(lstream >= 0, lstream, first_stream)
     inter = _inter_replay(rdev, rstream, first, last)
 
-    # Final replay order: by device then time.
-    o = np.lexsort((first, rdev))
+    o = np.lexsort((first, rdev))  # one row per replay: small
     replays = Replays(
         device=rdev[o],
         graph=rgraph[o],
@@ -131,11 +161,23 @@ def analyze(trace: Trace) -> Analysis:
         span_ns=span[o],
         busy_ns=busy[o],
         idle_ns=(span - busy)[o],
-        kernels=kernels[o].astype(np.int64),
+        kernels=kernels[o],
         launch_latency_ns=latency[o],
         inter_replay_gap_ns=inter[o],
     )
     return Analysis(trace, replays, gaps)
+
+
+def _dense_ranks(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense rank of each value (0..k-1) and k. O(n) by table lookup for small non-negative ids."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < 1 << 22:
+        present = np.zeros(hi - lo + 1, dtype=bool)
+        present[values - lo] = True
+        rank = np.cumsum(present) - 1
+        return rank[values - lo].astype(np.int32), int(present.sum())
+    uniq, inv = np.unique(values, return_inverse=True)
+    return inv.reshape(-1).astype(np.int32), len(uniq)
 
 
 def _empty_replays() -> Replays:
@@ -148,48 +190,30 @@ def _empty_gaps() -> StreamGaps:
     return StreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, np.zeros(1, np.int64), z)
 
 
-def _union_busy(rid, start, end, first, nrep) -> np.ndarray:
-    """Length of the union of [start, end) per replay, across streams.
+def _union_busy_sorted(r, rel_s, rel_e, nrep) -> np.ndarray:
+    """Length of the union of [start, end) per replay, across streams; input sorted by (replay, start).
 
-    Sorted by (replay, start), an interval adds ``max(0, end - max(start, M))`` where M is the
-    largest end seen earlier in the same replay: a segmented running maximum, done with one
-    global ``maximum.accumulate`` over times made relative to the replay and offset per replay.
+    An interval adds ``max(0, end - max(start, M))`` where M is the largest end seen earlier in the
+    same replay: a segmented running maximum, done with one global ``maximum.accumulate`` over
+    times relative to the replay's first start, offset per replay so that replays never mix.
     """
-    o = np.lexsort((start, rid))
-    r, s, e = rid[o], start[o], end[o]
-    rel_s = s - first[r]
-    rel_e = e - first[r]
     width = int(rel_e.max()) + 1
-    if width * nrep >= 2**62:  # offsets would overflow int64: fall back to chunks of replays
-        busy = np.zeros(nrep, dtype=np.int64)
-        step = max(1, (2**62) // width)
-        for lo in range(0, nrep, step):
-            m = (r >= lo) & (r < lo + step)
-            busy[lo : lo + step] = _union_busy_offsets(r[m] - lo, rel_s[m], rel_e[m], width, min(step, nrep - lo))
-        return busy
-    return _union_busy_offsets(r, rel_s, rel_e, width, nrep)
-
-
-def _union_busy_offsets(r, rel_s, rel_e, width, nrep) -> np.ndarray:
-    off = r.astype(np.int64) * width
-    cm = np.maximum.accumulate(rel_e + off)
-    prev = np.r_[np.int64(-1), cm[:-1]] - off  # running max before this interval, relative
-    first_in_replay = np.r_[True, r[1:] != r[:-1]]
-    prev = np.where(first_in_replay, -1, prev)
+    heads = np.r_[0, np.flatnonzero(r[1:] != r[:-1]) + 1]
+    if width * nrep < 2**62:
+        off = r.astype(np.int64) * width
+        cm = np.maximum.accumulate(rel_e + off)
+        prev = np.empty_like(cm)
+        prev[0] = -1
+        prev[1:] = cm[:-1] - off[1:]
+        prev[heads] = -1
+    else:  # huge spans: per-replay running max (rare; only for absurd timestamps)
+        prev = np.full(len(r), -1, dtype=np.int64)
+        for lo, hi in zip(heads, np.r_[heads[1:], len(r)]):
+            prev[lo + 1 : hi] = np.maximum.accumulate(rel_e[lo : hi - 1])
     add = np.maximum(0, rel_e - np.maximum(rel_s, prev))
     # r is sorted, so reduceat gives exact int64 sums (bincount's float weights round above 2^53).
     out = np.zeros(nrep, dtype=np.int64)
-    heads = np.flatnonzero(first_in_replay)
     out[r[heads]] = np.add.reduceat(add, heads)
-    return out
-
-
-def _first_stream(rid, start, stream, nrep) -> np.ndarray:
-    o = np.lexsort((start, rid))
-    r = rid[o]
-    head = np.r_[True, r[1:] != r[:-1]]
-    out = np.full(nrep, -1, dtype=np.int64)
-    out[r[head]] = stream[o][head]
     return out
 
 
@@ -226,46 +250,52 @@ def _inter_replay(rdev, rstream, first, last) -> np.ndarray:
     return out
 
 
-def _group_gaps(dev, graph, stream, gap) -> StreamGaps:
+def _group_gaps(gid, dev, graph, stream, gap) -> StreamGaps:
+    """Group gap values by ``gid`` = (device, graph, stream); grouped, not sorted within a group."""
     if len(gap) == 0:
         return _empty_gaps()
-    o = np.lexsort((gap, stream, graph, dev))
-    dev, graph, stream, gap = dev[o], graph[o], stream[o], gap[o]
-    new = np.r_[True, (dev[1:] != dev[:-1]) | (graph[1:] != graph[:-1]) | (stream[1:] != stream[:-1])]
-    heads = np.flatnonzero(new)
+    gid_rank, ngroups = _dense_ranks(gid)
+    # Few groups: int16 keys make numpy's stable argsort a radix sort (linear time).
+    key = gid_rank.astype(np.int16) if ngroups < 2**15 else gid_rank
+    o = np.argsort(key, kind="stable")
+    ks = gid_rank[o]
+    heads = np.r_[0, np.flatnonzero(ks[1:] != ks[:-1]) + 1]
+    h = o[heads]
     return StreamGaps(
-        device=dev[heads],
-        graph=graph[heads],
-        stream=stream[heads],
+        device=dev[h],
+        graph=graph[h],
+        stream=stream[h],
         offsets=np.r_[heads, len(gap)].astype(np.int64),
-        values=gap,
+        values=gap[o],
     )
 
 
 # ---------------------------------------------------------------------- statistics
-def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES) -> np.ndarray:
-    """Exact quantiles per group of values already sorted within groups.
+def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES, presorted: bool = False) -> np.ndarray:
+    """Exact quantiles per contiguous group of ``values`` (``values[offsets[g]:offsets[g+1]]``).
 
-    Returns float64 array (groups x len(qs)); NaN for empty groups. Linear interpolation,
-    identical to ``np.quantile(group_values, q)``.
+    Returns float64 (groups x len(qs)); NaN for empty groups. Linear interpolation between order
+    statistics, identical to ``np.quantile(group, q)``. Unsorted groups are handled with
+    ``np.partition`` (linear time) unless ``presorted``.
     """
     counts = np.diff(offsets)
-    ng = len(counts)
-    out = np.full((ng, len(qs)), np.nan)
-    ok = counts > 0
-    if not ok.any():
-        return out
-    base = offsets[:-1][ok].astype(np.float64)
-    nm1 = (counts[ok] - 1).astype(np.float64)
-    v = values.astype(np.float64)
-    for j, q in enumerate(qs):
-        pos = q * nm1
-        lo = np.floor(pos)
-        frac = pos - lo
-        i_lo = (base + lo).astype(np.int64)
-        i_hi = np.minimum(i_lo + 1, (base + nm1).astype(np.int64))
-        out[ok, j] = v[i_lo] + (v[i_hi] - v[i_lo]) * frac
+    out = np.full((len(counts), len(qs)), np.nan)
+    for g in np.flatnonzero(counts > 0).tolist():
+        v = values[offsets[g] : offsets[g + 1]]
+        n = len(v)
+        pos = np.asarray(qs, dtype=np.float64) * (n - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        if not presorted:
+            v = np.partition(v, np.unique(np.r_[lo, hi]))
+        vlo, vhi = v[lo].astype(np.float64), v[hi].astype(np.float64)
+        out[g] = vlo + (vhi - vlo) * (pos - lo)
     return out
+
+
+def grouped_minmax(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group min and max (groups must be non-empty)."""
+    return np.minimum.reduceat(values, offsets[:-1]), np.maximum.reduceat(values, offsets[:-1])
 
 
 def grouped_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .analysis import Analysis, grouped_quantiles, grouped_sums, replay_groups, summarize
+from .analysis import Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
 
 SUMMARY_QS = (0.1, 0.5, 0.9, 0.99)
 
@@ -23,6 +23,7 @@ def graphs_summary(a: Analysis) -> list[dict]:
     gq = grouped_quantiles(a.gaps.values, a.gaps.offsets, SUMMARY_QS)
     gsum = grouped_sums(a.gaps.values, a.gaps.offsets)
     neg = grouped_sums((a.gaps.values < 0).astype(np.int64), a.gaps.offsets)
+    gmin, gmax = grouped_minmax(a.gaps.values, a.gaps.offsets) if len(a.gaps) else ([], [])
     out = []
     for k, h in enumerate(heads.tolist()):
         rows = order[offsets[k] : offsets[k + 1]]
@@ -66,8 +67,8 @@ def graphs_summary(a: Analysis) -> list[dict]:
                         "p99": float(q[3]),
                         "mean": float(gsum[j] / cnt),
                         "sum": int(gsum[j]),
-                        "min": int(a.gaps.values[a.gaps.offsets[j]]),
-                        "max": int(a.gaps.values[a.gaps.offsets[j + 1] - 1]),
+                        "min": int(gmin[j]),
+                        "max": int(gmax[j]),
                     },
                     "negative_gaps": int(neg[j]),
                 }

@@ -175,7 +175,8 @@ class Trace:
         }
         c = {k: _column(v, KERNEL_COLUMNS[k], n, k) for k, v in cols.items()}
         names = tuple(str(s) for s in names)
-        if n and len(names) and (c["name_id"].max() >= len(names) or c["name_id"].min() < -1):
+        # An empty name table allows only -1 (no name): any other id would index past it.
+        if n and (c["name_id"].max() >= len(names) or c["name_id"].min() < -1):
             raise TraceError("name_id out of range of the name table")
 
         counts = dict(invalid or {})
@@ -193,18 +194,7 @@ class Trace:
         exclude(c["start_ns"] == 0, INVALID_ZERO_START)
         exclude(c["end_ns"] < c["start_ns"], INVALID_END_BEFORE_START)
         if n:
-            # Duplicate = same device, stream, correlation, start and end: a record delivered twice.
-            # One copy is kept; the extra copies are counted.
-            order = np.lexsort((c["end_ns"], c["start_ns"], c["correlation_id"], c["stream"], c["device"]))
-            same = np.ones(n - 1, dtype=bool) if n > 1 else np.zeros(0, dtype=bool)
-            for k in ("device", "stream", "correlation_id", "start_ns", "end_ns"):
-                col = c[k][order]
-                same &= col[1:] == col[:-1]
-            dup = np.zeros(n, dtype=bool)
-            # Only a copy of a record that is itself kept counts as a duplicate.
-            kept_sorted = keep[order]
-            dup[order[1:]] = same & kept_sorted[:-1] & kept_sorted[1:]
-            exclude(dup, INVALID_DUPLICATE)
+            exclude(_duplicates(c, keep), INVALID_DUPLICATE)
         if not keep.all():
             c = {k: _readonly(v[keep]) for k, v in c.items()}
 
@@ -222,7 +212,11 @@ class Trace:
             launch[k] = _column(v, t, m, f"launches.{k}")
         graphs = list(graphs)
         labels = tuple(str(s) for s in labels)
-        if m and (launch["graph"].max() >= len(graphs) or launch["label"].max() >= len(labels)):
+        if m and (
+            launch["graph"].max() >= len(graphs)
+            or launch["label"].max() >= len(labels)
+            or min(launch["graph"].min(), launch["label"].min()) < -1  # -1 = none; -2 would index from the end
+        ):
             raise TraceError("launch graph/label index out of range")
 
         kernel_graph, graphs = _resolve_graphs(c, launch, graphs, names, labels)
@@ -436,6 +430,37 @@ def _resolve_graphs(c, launch, graphs: list[GraphInfo], names, labels):
             gidx[j] = by_key[k]
         kernel_graph[sel] = np.repeat(gidx[inv], cnt)
     return kernel_graph, graphs
+
+
+def _duplicates(c: Mapping[str, np.ndarray], keep: np.ndarray) -> np.ndarray:
+    """Extra copies of kept records with the same device, stream, correlation, start and end.
+
+    Copies share a start time, so only records whose start equals a neighbour's in start order
+    are candidates; the full comparison runs on those few. Sorting by start is near-linear on the
+    nearly time-ordered input sources deliver.
+    """
+    n = len(keep)
+    dup = np.zeros(n, dtype=bool)
+    o = np.argsort(c["start_ns"], kind="stable")
+    ss = c["start_ns"][o]
+    eq = ss[1:] == ss[:-1]
+    if not eq.any():
+        return dup
+    cand = np.zeros(n, dtype=bool)
+    cand[o[1:][eq]] = True
+    cand[o[:-1][eq]] = True
+    cand &= keep  # only a copy of a record that is itself kept counts as a duplicate
+    ci = np.flatnonzero(cand)
+    if len(ci) < 2:
+        return dup
+    cols = [c[k][ci] for k in ("device", "stream", "correlation_id", "start_ns", "end_ns")]
+    order = np.lexsort(cols[::-1])
+    same = np.ones(len(ci) - 1, dtype=bool)
+    for col in cols:
+        v = col[order]
+        same &= v[1:] == v[:-1]
+    dup[ci[order[1:][same]]] = True
+    return dup
 
 
 def _dev_corr_key(device: np.ndarray, corr: np.ndarray) -> np.ndarray:
