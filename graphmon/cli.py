@@ -71,6 +71,60 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 1 if result.regressions else 0
 
 
+def _cmd_ab(args: argparse.Namespace) -> int:
+    """Run the decode-like A/B on the GPU (or redo the report from --from DIR) and write the report."""
+    import os
+
+    try:
+        import matplotlib  # noqa: F401
+        import scipy  # noqa: F401
+    except ImportError:
+        raise CliError("graphmon ab needs scipy and matplotlib: pip install 'graphmon[ab]'") from None
+    from . import ab
+
+    if args.source_dir:
+        arms, meta = ab.load_raw(args.source_dir)
+        out = args.out or args.source_dir
+    else:
+        try:
+            import torch
+        except ImportError:
+            raise CliError("graphmon ab needs torch with CUDA (or --from DIR to redo a report)") from None
+        if not torch.cuda.is_available():
+            raise CliError("graphmon ab needs a CUDA GPU (or --from DIR to redo a report)")
+        if args.instances < 2:
+            raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
+        factories = ab.decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
+                                        batch=args.batch)
+        if args.baseline == "lazy":
+            factories = {"lazy": factories["lazy"], "uploaded": factories["uploaded"]}
+        arms = ab.run_ab(factories, instances=args.instances, rounds=args.rounds,
+                         replays_per_block=args.replays, windows=args.windows, window_replays=args.window_replays,
+                         seed=args.seed, progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
+        meta = {"command": "graphmon " + " ".join(sys.argv[1:]),
+                "workload": {"hidden": args.hidden, "layers": args.layers, "side_streams": args.side_streams,
+                             "batch": args.batch},
+                "design": {"instances": args.instances, "rounds": args.rounds, "replays_per_block": args.replays,
+                           "windows": args.windows, "window_replays": args.window_replays, "seed": args.seed},
+                "gap_source": "torch.profiler (Kineto) windows read by graphmon's Kineto reader",
+                "environment": ab.environment()}
+        out = args.out or "."
+        ab.save_raw(arms, out, meta)
+    result = ab.analyze_ab(arms, meta=meta)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ab.json"), "w") as fh:
+        json.dump(ab.result_json(result), fh, indent=2)
+    with open(os.path.join(out, "ab.txt"), "w") as fh:
+        fh.write(result.format_table() + "\n")
+    result.plot(os.path.join(out, "ab.png"))
+    if args.format == "json":
+        json.dump(ab.result_json(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(result.format_table())
+    return 0
+
+
 def bundled_trace_path() -> str:
     """The real H200 capture shipped with the package (the demo's default)."""
     from importlib.resources import files
@@ -172,6 +226,23 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--alpha", type=float, default=0.01, help="significance level after Bonferroni (default 0.01)")
     cp.add_argument("--min-replays", type=int, default=5, help="replays needed per side to test a stream (default 5)")
     cp.set_defaults(func=_cmd_compare)
+
+    abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")
+    abp.add_argument("--out", metavar="DIR", help="write ab.json, ab.txt, ab.png and the raw data here (default .)")
+    abp.add_argument("--from", dest="source_dir", metavar="DIR", help="redo the report from a raw-data folder (no GPU)")
+    abp.add_argument("--format", choices=("table", "json"), default="table")
+    abp.add_argument("--baseline", choices=("uploaded", "lazy"), default="lazy", help="arm the other is compared to")
+    abp.add_argument("--instances", type=int, default=8, help="graph instances captured per arm (default 8)")
+    abp.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
+    abp.add_argument("--replays", type=int, default=20, help="event-timed replays per instance per round (default 20)")
+    abp.add_argument("--windows", type=int, default=3, help="torch.profiler windows (default 3)")
+    abp.add_argument("--window-replays", type=int, default=3, help="replays per instance per window (default 3)")
+    abp.add_argument("--hidden", type=int, default=1024)
+    abp.add_argument("--layers", type=int, default=48)
+    abp.add_argument("--side-streams", type=int, default=3)
+    abp.add_argument("--batch", type=int, default=1)
+    abp.add_argument("--seed", type=int, default=0)
+    abp.set_defaults(func=_cmd_ab)
 
     return p
 

@@ -89,6 +89,11 @@ class ReplayStreamGaps:
 
 def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
     """Per-replay, per-stream gap figures (same gap definition as :func:`graphmon.analysis.analyze`)."""
+    return replay_stream_gaps_with_values(trace)[0]
+
+
+def replay_stream_gaps_with_values(trace: Trace) -> tuple[ReplayStreamGaps, np.ndarray, np.ndarray]:
+    """:func:`replay_stream_gaps` plus every gap value (int64 ns) and its row in the result."""
     idx = np.flatnonzero(trace.graph >= 0)
     dev, corr, stream = trace.device[idx], trace.correlation_id[idx], trace.stream[idx]
     start, end, graph = trace.start_ns[idx], trace.end_ns[idx], trace.graph[idx]
@@ -97,7 +102,7 @@ def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
     n = len(start)
     if n == 0:
         z = np.zeros(0, np.int64)
-        return ReplayStreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, z, z, z, z, z, z, np.zeros(0))
+        return ReplayStreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, z, z, z, z, z, z, np.zeros(0)), z, z
     new_replay = np.r_[True, (dev[1:] != dev[:-1]) | (corr[1:] != corr[:-1])]
     new_group = new_replay | np.r_[True, stream[1:] != stream[:-1]]
     heads = np.flatnonzero(new_group)
@@ -128,7 +133,7 @@ def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
         device=dev[heads], graph=graph[heads], correlation_id=corr[heads], replay=rid_of_group.astype(np.int64),
         stream=stream[heads], rank=rank, first_start_ns=first, gap_count=counts, gap_sum_ns=sums,
         median_gap_ns=med,
-    )
+    ), gap, ggrp
 
 
 # ---------------------------------------------------------------------- results
