@@ -356,7 +356,8 @@ def _name_hashes(names: Sequence[str]) -> np.ndarray:
     """A stable 64-bit hash per kernel name (blake2b, not Python's salted hash)."""
     out = np.zeros(len(names) + 1, dtype=np.uint64)  # last slot: name_id -1
     for i, s in enumerate(names):
-        out[i] = np.frombuffer(hashlib.blake2b(s.encode(), digest_size=8).digest(), dtype=np.uint64)[0]
+        # surrogatepass: a name decoded from a JSON "\ud800" escape is a str UTF-8 cannot encode
+        out[i] = np.frombuffer(hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(), dtype=np.uint64)[0]
     out[-1] = np.uint64(0x9E3779B97F4A7C15)
     return out
 

@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import re
+import struct
 import sys
 import zipfile
 import zlib
@@ -177,8 +178,10 @@ def _read_npz_arrays(path: str, limits: ReadLimits, show: bool) -> dict[str, np.
                     bar.update(info.file_size)
     except TraceError:
         raise
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, struct.error) as e:
         raise TraceError(f"corrupt or truncated npz: {e}") from None
+    except (NotImplementedError, RuntimeError) as e:  # zipfile: unknown compression, encryption
+        raise TraceError(f"unsupported npz member: {e}") from None
     except (ValueError, TypeError, KeyError, OverflowError) as e:
         raise TraceError(f"bad npz array: {e}") from None
     return out
@@ -466,9 +469,11 @@ class _KinetoBuilder:
             self.non_object_events += 1
             return
         cat = e.get("cat")
+        if type(cat) is not str:
+            return  # not a kernel event, whatever it is (a list here would not even hash)
         if cat == "kernel":
             self._kernel(e)
-        elif cat in _LAUNCH_CATS and e.get("name") in GRAPH_LAUNCH_NAMES:
+        elif cat in _LAUNCH_CATS and type(e.get("name")) is str and e["name"] in GRAPH_LAUNCH_NAMES:
             self._launch(e)
         elif cat == "user_annotation" and e.get("ph") == "X":
             self._range(e)
