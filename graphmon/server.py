@@ -55,6 +55,9 @@ def create_app(exporter: "Exporter") -> FastAPI:
     )
     settings = exporter.settings
     capture_lock = threading.Lock()
+    # Rendered /metrics per (snapshot, content type): concurrent scrapers of one snapshot share one
+    # rendering. A race only renders twice; the snapshot itself is immutable.
+    rendered: dict = {}
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -69,8 +72,13 @@ def create_app(exporter: "Exporter") -> FastAPI:
     @app.get("/metrics", summary="Prometheus metrics (OpenMetrics when asked via Accept)")
     def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        snap = exporter.snapshot()
+        cached = rendered.get(content_type)
+        if cached is not None and cached[0] is snap:
+            return Response(content=cached[1], media_type=content_type)
         try:
             body = encoder(exporter.registry)
+            rendered[content_type] = (snap, body)
         except Exception as e:  # contained: count, and still answer with health metrics
             exporter.aggregator.count_error("scrape", e)
             raise HTTPException(500, "metrics rendering failed (counted in graphmon_collector_errors_total)")
