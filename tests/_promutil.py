@@ -50,10 +50,6 @@ OTHER_SAMPLES = {
 }
 CONTRACT_SAMPLES = OTHER_SAMPLES | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 
-# Series that the replay demo legitimately lacks: launch times are not in the bundled trace, and
-# the observer's own overhead is unknown when nothing is observed live.
-ABSENT_IN_REPLAY = {"graphmon_launch_latency_seconds", "graphmon_observer_slowdown_ratio"}
-
 METRIC_RE = re.compile(r"\bgraphmon_[a-zA-Z0-9_]+")
 
 

@@ -5,9 +5,9 @@ Two graphmon processes, as on a host with one exporter per GPU process:
   rank 0 replays the bundled CUPTI trace (the `graphmon serve` demo: uploaded and lazy decode
   graphs, a 1000-kernel chain); rank 1 replays the Kineto fixture, the source that knows CPU launch
   times, so the launch-latency panel has data too.
-The only series allowed to be absent are those a replay cannot have (_promutil.ABSENT_IN_REPLAY:
-the observer slowdown, which needs a live observer), and the test asserts they are really absent
-rather than silently tolerating any empty query.
+The only series allowed to be absent are those a replay cannot have (ABSENT_IN_E2E: the observer
+slowdown, which needs a live observer), and the test asserts they are really absent rather than
+silently tolerating any empty query.
 """
 
 from __future__ import annotations
@@ -197,6 +197,9 @@ def test_queries_reference_only_exported_metrics(stack):
             used.setdefault(m, f"alert {rule['alert']}")
     missing = {m: where for m, where in used.items() if m not in exported and m not in ABSENT_IN_E2E}
     assert not missing, f"queries use metrics graphmon does not export: {missing}"
+    # The allowed-absent ones are absent from a replay, but spelled as graphmon's collector spells them.
+    collector_source = (ROOT / "graphmon" / "metrics.py").read_text()
+    assert all(f'"{m}"' in collector_source for m in ABSENT_IN_E2E)
 
 
 def test_variable_queries_return_values(stack):
