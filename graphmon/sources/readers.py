@@ -59,7 +59,8 @@ _US_LIMIT = _I64_MAX // 1000  # largest |µs| whose ns value fits int64
 _MAX_DEVICE = 2**15  # Trace keys (device, correlation) as device << 48 ^ correlation
 _MAX_CORRELATION = 2**48
 _CHUNK_BYTES = 1 << 20
-_PROGRESS_AUTO_BYTES = 20_000_000  # ~1 s of reading: above this a bar is worth showing
+_PROGRESS_MIN_BYTES = 1_000_000  # smaller files read in well under 1 s (gzip JSON: ~0.7 MB/s)
+_PROGRESS_DELAY_S = 1.0
 _DEC = decimal.Context(prec=60, traps=[])  # exact for any value that passes the range check
 
 
@@ -99,7 +100,9 @@ def read_trace(
             head = fh.read(4)
     except OSError as e:
         raise TraceError(f"{name}: cannot read file: {e.strerror or e}") from None
-    show = progress if progress is not None else size > _PROGRESS_AUTO_BYTES
+    # None: a bar that appears only once reading has taken 1 s (tqdm's delay), so small and fast
+    # files print nothing; the size test skips even creating it for files that cannot take 1 s.
+    show: bool | float = progress if progress is not None else (_PROGRESS_DELAY_S if size > _PROGRESS_MIN_BYTES else False)
     try:
         if not head:
             raise TraceError("empty file")
@@ -127,10 +130,12 @@ def _one_line(msg: str, width: int = 400) -> str:
     return msg if len(msg) <= width else msg[: width - 3] + "..."
 
 
-def _progress_bar(show: bool, total: int, desc: str):
+def _progress_bar(show: bool | float, total: int, desc: str):
+    """show: False never, True at once, a float: only after that many seconds."""
     from tqdm import tqdm  # only when a file is read, so `import graphmon` stays light
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=not show, leave=False)
+    delay = 0.0 if show is True else float(show)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=show is False, delay=delay, leave=False)
 
 
 def _clean_text(s: str) -> str:
@@ -143,7 +148,7 @@ def _clean_text(s: str) -> str:
 
 
 # ====================================================================== npz (native + raw CUPTI)
-def _read_npz_arrays(path: str, limits: ReadLimits, show: bool) -> dict[str, np.ndarray]:
+def _read_npz_arrays(path: str, limits: ReadLimits, show: bool | float) -> dict[str, np.ndarray]:
     """Load every array of an npz, checking each header before allocating anything.
 
     np.load would allocate what a member's header claims; a hostile header could claim
@@ -187,7 +192,7 @@ def _read_npz_arrays(path: str, limits: ReadLimits, show: bool) -> dict[str, np.
     return out
 
 
-def _read_npz(path: str, limits: ReadLimits, show: bool) -> Trace:
+def _read_npz(path: str, limits: ReadLimits, show: bool | float) -> Trace:
     arrays = _read_npz_arrays(path, limits, show)
     if "meta_json" in arrays:
         return _read_native(path, arrays)
@@ -335,26 +340,11 @@ def _read_raw_cupti(path: str, arrays: dict[str, np.ndarray]) -> Trace:
 
 
 # ====================================================================== Kineto / Chrome JSON
-class _Huge:
-    """parse_int result for integers too long to be any valid field (and cheap to refuse)."""
-
-
 class _NonFinite:
     """parse_constant result for NaN / Infinity (legal for Python's json, not for us)."""
 
 
-_HUGE = _Huge()
 _NON_FINITE = _NonFinite()
-
-
-def _parse_int(s: str):
-    # Longer than any int64 field; also avoids int()'s 4300-digit guard and quadratic cost.
-    return int(s) if len(s) <= 40 else _HUGE
-
-
-def _parse_float(s: str):
-    # Decimal keeps Kineto's µs with 3 decimals exact: 5351128125842.938 -> ...842938 ns.
-    return Decimal(s) if len(s) <= 400 else _HUGE
 
 
 class _JsonStream:
@@ -368,7 +358,10 @@ class _JsonStream:
         self._limits = limits
         self._on_read = on_read
         self._dec = codecs.getincrementaldecoder("utf-8-sig")("strict")
-        self._json = json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=lambda s: _NON_FINITE)
+        # Decimal keeps Kineto's µs with 3 decimals exact: 5351128125842.938 -> ...842938 ns.
+        # Integers stay the C parser's int: fast, and it refuses > 4300 digits (a ValueError).
+        dec = json.JSONDecoder(parse_float=Decimal, parse_constant=lambda s: _NON_FINITE)
+        self._scan = dec.scan_once  # raw_decode minus a Python frame per event
         self.buf = ""
         self.pos = 0
         self.eof = False
@@ -426,11 +419,14 @@ class _JsonStream:
         self.peek()
         while True:
             try:
-                v, end = self._json.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as e:
+                v, end = self._scan(self.buf, self.pos)
+            except (json.JSONDecodeError, StopIteration) as e:
                 if self.eof:
-                    raise TraceError(f"invalid JSON at {self.where()}: {e.msg}") from None
+                    msg = e.msg if isinstance(e, json.JSONDecodeError) else "expecting a value"
+                    raise TraceError(f"invalid JSON at {self.where()}: {msg}") from None
                 v, end = None, -1
+            except ValueError as e:  # an integer literal of thousands of digits
+                raise TraceError(f"bad JSON number at {self.where()}: {e}") from None
             if end == -1 or (end == len(self.buf) and not self.eof):
                 # Incomplete (or a number that may go on): read more, doubling, up to one event's cap.
                 pending = len(self.buf) - self.pos
@@ -650,8 +646,6 @@ def _us_to_ns(v: Any) -> int | str:
         return int(_DEC.to_integral_value(_DEC.scaleb(v, 3)))
     if v is None:
         return INVALID_MISSING
-    if v is _HUGE:
-        return INVALID_OUT_OF_RANGE
     return INVALID_NON_NUMERIC  # str, bool, list, dict, NaN/Infinity
 
 
@@ -663,8 +657,6 @@ def _as_int(v: Any, lo: int, hi: int) -> int | str:
         return INVALID_NON_INTEGER
     if v is None:
         return INVALID_MISSING
-    if v is _HUGE:
-        return INVALID_OUT_OF_RANGE
     return INVALID_NON_NUMERIC
 
 
@@ -689,7 +681,7 @@ def _plain_meta(top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_kineto(path: str, size: int, limits: ReadLimits, show: bool, gzipped: bool) -> Trace:
+def _read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gzipped: bool) -> Trace:
     builder = _KinetoBuilder(limits)
     top: dict[str, Any] = {}
     with open(path, "rb") as raw, _progress_bar(show, size, f"reading {os.path.basename(path)}") as bar:
