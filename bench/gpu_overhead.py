@@ -91,7 +91,7 @@ def versions():
     return v
 
 
-def timed_replays(graphs, n, chunk=1, source=None):
+def timed_replays(graphs, n, source=None, sync_every=32):
     """Replay graphs round-robin n times; per-replay CUDA-event ms and whether the source's
     window was open before and after the replay was enqueued (tracing state at enqueue)."""
     st = torch.cuda.current_stream()
@@ -104,7 +104,7 @@ def timed_replays(graphs, n, chunk=1, source=None):
         ev[i + 1].record(st)
         b = source.in_window if source is not None else False
         inw[i] = a and b
-        if i % 32 == 31:
+        if i % sync_every == sync_every - 1:
             torch.cuda.synchronize()  # bound the queue: enqueue-time state ~ execution-time state
     torch.cuda.synchronize()
     ms = np.array([ev[i].elapsed_time(ev[i + 1]) for i in range(n)])
@@ -230,7 +230,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 tot, n = 0.0, 0
                 while time.monotonic() - t0 < args.overhead_phase_s:
-                    ms, _ = timed_replays(inst, 96)
+                    ms, _ = timed_replays(inst, 96, sync_every=4)  # serving-like: a sync per few steps
                     tot += ms.sum()
                     n += len(ms)
                 arms[arm].append(tot / n)
@@ -274,18 +274,6 @@ def main() -> int:
         graphmon.detach()
         return res
 
-    # ---------------------------------------------------------------- 6. torch.profiler after detach
-    @section("profiler_after_detach", out)
-    def _():
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                inst[0].replay()
-            torch.cuda.synchronize()
-        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-        return {"cuda_events": n, "ok": n > 0}
-
     # ---------------------------------------------------------------- 7. recordings
     @section("recordings", out)
     def _():
@@ -315,6 +303,24 @@ def main() -> int:
         graphmon.detach()
         res["chain"] = _summ(path)
         return res
+
+    # ---------------------------------------------------------------- 6. torch.profiler after detach
+    @section("profiler_after_detach", out)
+    def _():
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                inst[0].replay()
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        # and graphmon after torch.profiler: does Kineto give CUPTI back?
+        graphmon.attach(port=0, blocked_retry_s=1.0)
+        s = attached().source
+        time.sleep(3.0)
+        state = s.health().state, s.health().reason
+        graphmon.detach()
+        return {"cuda_events": n, "ok": n > 0, "graphmon_state_after_profiler": state}
 
     # ---------------------------------------------------------------- 8. graphmon run
     @section("graphmon_run", out)

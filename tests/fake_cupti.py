@@ -205,8 +205,10 @@ class FakeCupti:
         if sub is None or (CallbackDomain.DRIVER_API, cbid) not in self.enabled:
             return
         self.callback_calls += 1
+        rv = ctypes.c_int(ret)  # CUPTI gives a pointer to the return value at API exit
         data = SimpleNamespace(
-            callback_site=site, correlation_id=corr, function_params=params, function_return_value=ret, context=0xC0
+            callback_site=site, correlation_id=corr, function_params=params,
+            function_return_value=ctypes.addressof(rv) if site == ApiCallbackSite.API_EXIT else 0, context=0xC0,
         )
         sub[1](None, CallbackDomain.DRIVER_API, cbid, data)
 

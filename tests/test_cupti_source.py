@@ -275,3 +275,33 @@ def test_slowdown_ratio_weights_and_minimum():
     per = {1: {"ref": [1.0, 1.0, 1.0], "win": [1.2, 1.2, 1.2]}, 2: {"ref": [2.0] * 3, "win": [2.2] * 9}}
     assert slowdown_ratio(per) == pytest.approx((1.2 * 3 + 1.1 * 9) / 12)
     assert slowdown_ratio({1: {"ref": [1.0], "win": [1.0] * 5}}) is None
+
+
+def test_complete_replays_trims_window_edges():
+    from graphmon.sources.cupti import complete_replays
+
+    # graph 5: launch 10 before the window (2 of its kernels traced), 11 complete (3), 12 cut (1);
+    # non-graph kernels (graph_id 0) are always kept
+    gid = np.array([5, 5, 5, 5, 5, 5, 0, 0])
+    corr = np.array([10, 10, 11, 11, 11, 12, 99, 98])
+    keep, inv = complete_replays(gid, corr, np.array([11, 12]))
+    assert keep.tolist() == [False, False, True, True, True, False, True, True]
+    assert inv == {"launched_before_window": 2, "partial_replay": 1}
+
+
+def test_window_edge_replays_are_excluded_and_counted():
+    fake, src, windows = make(observer="off")
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    fake.launch(h, MAIN)
+    assert wait_for(lambda: src.in_window)
+    # a replay that started before the window: simulate with kernels traced but no launch row
+    with fake.lock:
+        fake._run_graph(h, 424242)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    t = windows[0].trace
+    assert 424242 not in set(t.correlation_id.tolist())
+    assert t.invalid.get("launched_before_window") == 6
+    assert len(t) % 6 == 0

@@ -458,6 +458,11 @@ class CuptiSource(Source):
             "stream": np.array([self._stream_id_of(l[3]) for l in launches], np.int64),
         }
         meta = {"source": "cupti", "capture_id": req.id if req is not None else None}
+        keep, invalid = complete_replays(gid, corr, lc["correlation_id"])
+        if not keep.all():
+            start, end, stream, device, gid, gnode, corr, name_id = (
+                a[keep] for a in (start, end, stream, device, gid, gnode, corr, name_id)
+            )
         return Trace.build(
             start_ns=start,
             end_ns=end,
@@ -470,6 +475,7 @@ class CuptiSource(Source):
             names=sorted(names, key=names.get),
             launches=lc,
             graphs=graphs,
+            invalid=invalid,
             meta=meta,
         )
 
@@ -589,8 +595,11 @@ class CuptiSource(Source):
 
     def _on_instantiate(self, name: str, cbdata) -> None:
         c = self.cupti
-        if cbdata.callback_site != c.ApiCallbackSite.API_EXIT or cbdata.function_return_value:
+        if cbdata.callback_site != c.ApiCallbackSite.API_EXIT:
             return
+        rv = int(cbdata.function_return_value or 0)  # a pointer to the CUresult, not the value
+        if rv and ctypes.c_int.from_address(rv).value != 0:
+            return  # instantiation failed: no exec
         flags, upload_stream = 0, -1
         ctx = int(cbdata.context or 0)
         if name in ("cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz"):
@@ -667,6 +676,42 @@ class CuptiSource(Source):
             self._ingest_records += len(acts)
         except Exception:
             self.count_error("buffer_completed")
+
+
+# Window edges cut replays: kernels of a launch made before tracing was enabled, and kernels of
+# the launch still running when it was disabled, are missing. Such replays are excluded and counted.
+INVALID_BEFORE_WINDOW = "launched_before_window"
+INVALID_PARTIAL_REPLAY = "partial_replay"
+
+
+def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray):
+    """Mask of kernels to keep + counts of excluded ones by reason. Graph kernels are kept when
+    their launch was seen inside the window and their replay has the graph's full kernel count
+    (the most kernels any replay of that graph had in the window)."""
+    n = len(corr)
+    keep = np.ones(n, dtype=bool)
+    invalid: dict[str, int] = {}
+    g = graph_id > 0
+    if not g.any():
+        return keep, invalid
+    before = g & ~np.isin(corr, launch_corr)
+    if before.any():
+        invalid[INVALID_BEFORE_WINDOW] = int(before.sum())
+        keep &= ~before
+    sel = np.flatnonzero(keep & g)
+    if len(sel):
+        u, inv, cnt = np.unique(corr[sel], return_inverse=True, return_counts=True)
+        gid_of = np.zeros(len(u), np.int64)
+        gid_of[inv] = graph_id[sel]
+        full = {}
+        for gi, c in zip(gid_of.tolist(), cnt.tolist()):
+            full[gi] = max(full.get(gi, 0), c)
+        short = cnt < np.array([full[gi] for gi in gid_of.tolist()])
+        drop = short[inv]
+        if drop.any():
+            invalid[INVALID_PARTIAL_REPLAY] = int(drop.sum())
+            keep[sel[drop]] = False
+    return keep, invalid
 
 
 def slowdown_ratio(per: dict[int, dict[str, list[float]]], min_samples: int = 3) -> Optional[float]:
