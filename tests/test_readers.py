@@ -431,8 +431,10 @@ def test_bad_file_raises_one_line_trace_error(case, tmp_path):
     assert msg.startswith(f"{p}: ") and "\n" not in msg and len(msg) < 500
 
 
-def test_missing_file_and_directory(tmp_path):
-    for p in (tmp_path / "nope.json", tmp_path):
+def test_missing_file_directory_and_fifo(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it would block until a writer comes
+    for p in (tmp_path / "nope.json", tmp_path, fifo):
         with pytest.raises(TraceError, match=str(p)):
             read_trace(p, progress=False)
 

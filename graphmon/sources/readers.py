@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import re
+import stat
 import struct
 import sys
 import zipfile
@@ -95,7 +96,10 @@ def read_trace(
     name = os.fspath(path)
     limits = limits or ReadLimits()
     try:
-        size = os.path.getsize(name)
+        st = os.stat(name)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise TraceError(f"{name}: not a regular file")
+        size = st.st_size
         with open(name, "rb") as fh:
             head = fh.read(4)
     except OSError as e:
