@@ -25,6 +25,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     docs = []
     for path in args.paths:
         trace = read_trace(path, progress=args.progress)
+        if len(trace) == 0:
+            raise CliError(f"{path}: no valid kernel records (invalid: {dict(trace.invalid) or 'none'})")
         docs.append(analysis_json(analyze(trace), by=args.by, source=path if len(args.paths) > 1 else None))
     if args.format == "json":
         if len(docs) == 1:
@@ -150,6 +152,7 @@ def _settings_from_args(args: argparse.Namespace):
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
+    import signal
 
     import uvicorn
 
@@ -175,6 +178,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     exporter.start()
     print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{settings.port}/metrics "
           f"(status: /status, docs: /docs)", file=sys.stderr, flush=True)
+    # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal; with the default
+    # action that kills the process before the finally below (no exporter.stop(), pending window
+    # lost). A handler of our own turns that re-raise into a normal exit.
+    def _terminated(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         uvicorn.run(exporter.app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
     finally:
