@@ -247,3 +247,25 @@ def test_alert_rules_load_and_evaluate_on_live_data(stack):
     # rule that matches healthy data would show as pending).
     active = prom.get("/api/v1/alerts")["alerts"]
     assert not active, f"alerts active on a healthy replay: {[(a['labels']['alertname'], a['state']) for a in active]}"
+
+
+def test_selecting_one_graph_filters_every_decode_panel(stack):
+    """Variables at concrete values (as Grafana sends a single selection) narrow the panels."""
+    prom, _ = stack
+    model = MODELS["graphmon-decode.json"]
+    names = variable_names(model)
+    chosen = "decode_bs1/upload"
+    checked = 0
+    for title, ref, expr in panel_targets(model):
+        if "label_replace" in expr or "upload_mode=\"lazy\"" in expr:
+            continue  # the uploaded/lazy ratio needs both twins selected
+        narrowed = expand(expr.replace("$graph", chosen), names, RATE_WINDOW)
+        if "graphmon_launch_latency" in expr:
+            assert prom.query(narrowed) == [], "the bundled trace (where this graph is) has no launch times"
+            continue
+        result = _query_until_data(prom, narrowed, timeout_s=5)
+        graphs = {s["metric"].get("graph") for s in result} - {None}
+        assert result, f"{title} / {ref} lost its data when graph={chosen!r} was selected"
+        assert graphs <= {chosen}, f"{title} / {ref} shows other graphs: {graphs}"
+        checked += 1
+    assert checked >= 10
