@@ -192,11 +192,57 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_server_flags(p: argparse.ArgumentParser) -> None:
+def _attach_settings(args: argparse.Namespace) -> dict:
+    """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
+    out = {k: v for k, v in {
+        "host": args.host, "port": args.port, "token": args.token,
+        "max_graphs": args.max_graphs, "max_streams": args.max_streams,
+        "interval_s": args.interval_s, "window_launches": args.window_launches,
+        "window_duration_ms": args.window_duration_ms,
+    }.items() if v is not None}
+    if getattr(args, "window_interval_s", None) is not None:
+        out["interval_s"] = args.window_interval_s
+    return out
+
+
+def _command_argv(args: argparse.Namespace) -> list[str]:
+    argv = list(args.cmd)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise CliError(f"no command given (usage: graphmon {args.command} [options] -- python serve.py ...)")
+    return argv
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .attach import run_command
+
+    return run_command(_command_argv(args), _attach_settings(args))
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from .attach import record_command
+
+    if args.windows < 0:
+        raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
+    return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
+
+
+def _add_attach_flags(p: argparse.ArgumentParser) -> None:
+    _add_server_flags(p, replay=False)
+    p.add_argument("--interval-s", type=float, help="seconds between CUPTI sampling windows (default 5)")
+    p.add_argument("--window-launches", type=int, help="graph launches per sampling window (default 32)")
+    p.add_argument("--window-duration-ms", type=float, help="longest a sampling window stays open (default 25 ms)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
+
+
+def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
     p.add_argument("--port", type=int, help="port (default 9464; env GRAPHMON_PORT)")
     p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
-    p.add_argument("--window-interval-s", type=float, help="seconds between windows (env GRAPHMON_WINDOW_INTERVAL_S)")
+    if replay:
+        p.add_argument("--window-interval-s", type=float,
+                       help="seconds between replayed windows (env GRAPHMON_WINDOW_INTERVAL_S)")
     p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")
     p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
 
@@ -224,6 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
     _add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
+
+    rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)")
+    _add_attach_flags(rn)
+    rn.set_defaults(func=_cmd_run)
+
+    rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file")
+    rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
+    rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
+    _add_attach_flags(rc)
+    rc.set_defaults(func=_cmd_record)
 
     cp = sub.add_parser("compare", help="flag per-stream gap regressions between two traces (exit 1 on regression)")
     cp.add_argument("baseline", metavar="BASELINE", help="trace file (any format graphmon reads)")

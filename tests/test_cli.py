@@ -126,3 +126,18 @@ def test_import_graphmon_is_light():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_run_and_record_need_a_command():
+    for cmd in (["run"], ["run", "--"], ["record", "-o", "x.npz", "--"]):
+        r = subprocess.run([sys.executable, "-m", "graphmon.cli", *cmd], capture_output=True, text=True)
+        assert r.returncode == 2 and "no command given" in r.stderr
+
+
+def test_run_passes_exit_code_and_env_through(tmp_path):
+    # Without CUDA the attach inside the child fails soft (logged, never raised): the command still runs.
+    code = "import os, sys; print(os.environ.get('GRAPHMON_ATTACH_JSON')); sys.exit(7)"
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "9999", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7
+    assert '"port": 9999' in r.stdout
