@@ -421,12 +421,13 @@ class _JsonStream:
     def value(self) -> Any:
         """Decode the next JSON value, reading more input until it is complete."""
         self.peek()
+        msg = ""
         while True:
             try:
                 v, end = self._scan(self.buf, self.pos)
             except (json.JSONDecodeError, StopIteration) as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else "expecting a value"
                 if self.eof:
-                    msg = e.msg if isinstance(e, json.JSONDecodeError) else "expecting a value"
                     raise TraceError(f"invalid JSON at {self.where()}: {msg}") from None
                 v, end = None, -1
             except ValueError as e:  # an integer literal of thousands of digits
@@ -435,7 +436,10 @@ class _JsonStream:
                 # Incomplete (or a number that may go on): read more, doubling, up to one event's cap.
                 pending = len(self.buf) - self.pos
                 if pending > self._limits.max_event_bytes:
-                    raise TraceError(f"a JSON value at {self.where()} is larger than {self._limits.max_event_bytes} bytes (limit)")
+                    raise TraceError(
+                        f"a JSON value at {self.where()} is larger than {self._limits.max_event_bytes} bytes (limit)"
+                        + (f" or invalid ({msg})" if msg else "")
+                    )
                 self._fill(max(_CHUNK_BYTES, pending))
                 continue
             self.pos = end
