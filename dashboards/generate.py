@@ -70,6 +70,14 @@ def or_zero(expr: str, by: str, present: str = f"graphmon_up{{{RANK_SEL}}}") -> 
 # --- panel builders -------------------------------------------------------------------------
 
 
+# Series of lazily uploaded graphs (legends carry "[lazy]") are drawn dashed, so uploaded and
+# lazy twins read apart at a glance in every time series panel.
+LAZY_DASHED = {
+    "matcher": {"id": "byRegexp", "options": ".*\\[lazy\\].*"},
+    "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 6]}}],
+}
+
+
 class Layout:
     """Places panels left to right on Grafana's 24-column grid, wrapping rows."""
 
@@ -129,7 +137,7 @@ def timeseries(layout: Layout, title: str, description: str, tgts: list[dict[str
         "description": description,
         "datasource": DS,
         "gridPos": layout.place(w, h),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": [LAZY_DASHED]},
         "options": {
             "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
             "tooltip": {"mode": "multi", "sort": "desc"},

@@ -150,3 +150,18 @@ def test_every_query_parses_with_promtool(tmp_path):
     # And the check would notice a broken one.
     path.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [{"record": "x", "expr": "sum by (le (rate(x[1m]))"}]}]}))
     assert promtool("check", "rules", str(path)).returncode != 0
+
+
+def test_lazy_series_are_drawn_dashed():
+    """The dashed-line override matches a lazy series' legend and no uploaded one."""
+    matcher = re.compile(GEN.LAZY_DASHED["matcher"]["options"])
+    legends = [t["legendFormat"] for p in iter_panels(MODELS["graphmon-decode.json"]["panels"])
+               if p["type"] == "timeseries" for t in p["targets"] if "{{upload_mode}}" in t["legendFormat"]]
+    assert len(legends) >= 5
+    for legend in legends:
+        def render(mode: str) -> str:
+            return re.sub(r"\{\{(\w+)\}\}", lambda m: mode if m.group(1) == "upload_mode" else "x", legend)
+        assert matcher.fullmatch(render("lazy")) and not matcher.fullmatch(render("uploaded"))
+    for p in iter_panels(MODELS["graphmon-decode.json"]["panels"]):
+        if p["type"] == "timeseries":
+            assert GEN.LAZY_DASHED in p["fieldConfig"]["overrides"]
