@@ -200,9 +200,9 @@ def table(layout: Layout, title: str, description: str, expr: str, *, w: int = 2
         "gridPos": layout.place(w, h),
         "fieldConfig": {"defaults": {}, "overrides": []},
         "options": {"showHeader": True},
-        # One row per series with its labels as columns; drop the constant value and timestamp.
+        # format=table gives one row per series with its labels as columns; hide the constant
+        # value and the timestamp.
         "transformations": [
-            {"id": "labelsToFields", "options": {"mode": "columns"}},
             {"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True}}},
         ],
         "targets": [target(expr, "", instant=True, fmt="table")],
