@@ -6,6 +6,7 @@ it standalone. Handlers read the latest snapshot; none of them touches CUPTI.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import io
 import re
@@ -17,9 +18,11 @@ from typing import TYPE_CHECKING, Optional
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
 from pydantic import BaseModel, Field, model_validator
 
 from . import __version__
+from .metrics import SnapshotCollector
 from .sources.base import CaptureRequest
 
 if TYPE_CHECKING:
@@ -58,6 +61,10 @@ def create_app(exporter: "Exporter") -> FastAPI:
     # Rendered /metrics per (snapshot, content type): concurrent scrapers of one snapshot share one
     # rendering. A race only renders twice; the snapshot itself is immutable.
     rendered: dict = {}
+    # Fallback when rendering the full snapshot fails: graphmon_up, collector info and counters,
+    # with the scrape errors counted so far (the snapshot itself predates them).
+    health_registry = CollectorRegistry(auto_describe=False)
+    health_registry.register(_HealthOnly(exporter))
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -67,7 +74,12 @@ def create_app(exporter: "Exporter") -> FastAPI:
             return JSONResponse({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
         if request.method in ("POST", "PUT", "PATCH") and cl is None and "chunked" in request.headers.get("transfer-encoding", ""):
             return JSONResponse({"detail": "chunked request bodies are not accepted"}, status_code=411)
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception as e:  # contained: a handler bug is a counted 500, logged rate limited, never re-raised
+            exporter.aggregator.count_error("http", e)
+            return JSONResponse({"detail": "internal error (counted in graphmon_collector_errors_total)"},
+                                status_code=500)
 
     @app.get("/metrics", summary="Prometheus metrics (OpenMetrics when asked via Accept)")
     def metrics(request: Request) -> Response:
@@ -81,7 +93,10 @@ def create_app(exporter: "Exporter") -> FastAPI:
             rendered[content_type] = (snap, body)
         except Exception as e:  # contained: count, and still answer with health metrics
             exporter.aggregator.count_error("scrape", e)
-            raise HTTPException(500, "metrics rendering failed (counted in graphmon_collector_errors_total)")
+            try:
+                body = encoder(health_registry)
+            except Exception:
+                raise HTTPException(500, "metrics rendering failed (counted in graphmon_collector_errors_total)")
         return Response(content=body, media_type=content_type)
 
     @app.get("/healthz", summary="Liveness of the exporter itself")
@@ -182,6 +197,19 @@ def create_app(exporter: "Exporter") -> FastAPI:
         return JSONResponse(to_chrome_trace(t))
 
     return app
+
+
+class _HealthOnly:
+    """Collector of the health families only (see the /metrics fallback)."""
+
+    def __init__(self, exporter: "Exporter"):
+        self.exporter = exporter
+
+    def collect(self):
+        s = self.exporter.snapshot()
+        errors = dict(s.errors_total)
+        errors["scrape"] = max(errors.get("scrape", 0), self.exporter.aggregator._errors.get("scrape", 0))
+        yield from SnapshotCollector(lambda: s)._health(dataclasses.replace(s, errors_total=errors))
 
 
 def upload_mode_comparison(s) -> list[dict]:

@@ -50,6 +50,7 @@ REPLAY_KINDS = {  # metric kind -> (Replays field, buckets)
 GAP_QUANTILES = (0.1, 0.5, 0.9, 0.99)
 REPLAY_QUANTILES = (0.5, 0.9, 0.99)
 OTHER = "other"
+ERROR_LOG_INTERVAL_S = 60.0  # contained errors: at most one log line per stage per this many seconds
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ class Aggregator:
         self._invalid: dict[str, int] = {}
         self._errors: dict[str, int] = {}
         self._error_logged: dict[str, float] = {}
+        self._source_errors_logged: dict[str, int] = {}
         self._last_window_s: Optional[float] = None
         self._slowdown: Optional[float] = None
         self._gap_hist: dict[tuple, Hist] = {}
@@ -215,17 +217,16 @@ class Aggregator:
 
     def ingest(self, window: Window) -> Optional[str]:
         """Analyse and fold one window. Never raises: failures are counted by stage."""
-        try:
-            with self._lock:
-                wid = self._ingest_locked(window)
-                self._snapshot = self._build_snapshot()
-        except Exception as e:  # contained: a bad window must not kill the collecting thread
-            self.count_error("analysis", e)
+        with self._lock:
             try:
+                wid: Optional[str] = self._ingest_locked(window)
+            except Exception as e:  # contained: a bad window must not kill the collecting thread
+                self.count_error("analysis", e)
+                wid = None
+            try:  # a failed build keeps the previous snapshot; the folded window shows in the next
                 self._snapshot = self._build_snapshot()
-            except Exception as e2:  # pragma: no cover - last resort
-                self.count_error("snapshot", e2)
-            return None
+            except Exception as e:
+                self.count_error("snapshot", e)
         ev = self._waiters.pop(wid, None) if wid else None
         if ev is not None:
             ev.set()
@@ -233,30 +234,45 @@ class Aggregator:
 
     def count_error(self, stage: str, exc: Optional[BaseException] = None) -> None:
         self._errors[stage] = self._errors.get(stage, 0) + 1
+        if exc is not None:
+            self._log_error(stage, repr(exc))
+
+    def _log_error(self, stage: str, detail: str) -> None:
         now = time.monotonic()
-        if exc is not None and now - self._error_logged.get(stage, -1e9) > 60:
-            self._error_logged[stage] = now  # rate limit: one log line per stage per minute
-            log.warning("graphmon %s error (counted in graphmon_collector_errors_total): %r", stage, exc)
+        if now - self._error_logged.get(stage, -1e9) > ERROR_LOG_INTERVAL_S:
+            self._error_logged[stage] = now  # rate limit: one log line per stage per interval
+            log.warning("graphmon %s error (counted in graphmon_collector_errors_total): %s", stage, detail)
 
     def refresh(self) -> None:
         """Rebuild the snapshot (e.g. after the source's health changed)."""
-        try:
-            self._snapshot = self._build_snapshot()
-        except Exception as e:
-            self.count_error("snapshot", e)
+        # Under the ingest lock: a snapshot built from older state must not be published after
+        # a newer one (counters would go backwards, which Prometheus reads as a reset).
+        with self._lock:
+            try:
+                self._snapshot = self._build_snapshot()
+            except Exception as e:
+                self.count_error("snapshot", e)
 
     def wait_for(self, wid: str, timeout_s: float) -> bool:
         """Block until a window with this id has been ingested (used by captures)."""
         if self.store.get(wid) is not None:
             return True
         ev = self._waiters.setdefault(wid, threading.Event())
-        return ev.wait(timeout_s)
+        try:  # re-check: the window may have landed between the first check and setdefault
+            return self.store.get(wid) is not None or ev.wait(timeout_s)
+        finally:
+            self._waiters.pop(wid, None)  # no waiter outlives its request (bounded memory)
 
     # ------------------------------------------------------------------ ingest
     def _ingest_locked(self, window: Window) -> str:
         t = window.trace
-        # Analyse before touching any counter, so a window that fails leaves no partial trace.
+        # Analyse, and convert the window's own fields, before touching any counter, so a window
+        # that fails leaves no partial trace (and a malformed field cannot break every scrape).
         a = analyze(t)
+        dropped = int(window.dropped)
+        ended_s = float(window.ended_s)
+        slowdown = None if window.observer_slowdown is None else float(window.observer_slowdown)
+        invalid = {str(r): int(c) for r, c in t.invalid.items()}
         from .report import graphs_summary  # local: report imports analysis only
 
         summary = tuple(graphs_summary(a))
@@ -267,12 +283,12 @@ class Aggregator:
         wid = window.capture_id or f"w{self._seq}"
         self._windows += 1
         self._records += len(t)
-        self._dropped += int(window.dropped)
-        for r, c in t.invalid.items():
-            self._invalid[r] = self._invalid.get(r, 0) + int(c)
-        self._last_window_s = window.ended_s
-        if window.observer_slowdown is not None:
-            self._slowdown = float(window.observer_slowdown)
+        self._dropped += dropped
+        for r, c in invalid.items():
+            self._invalid[r] = self._invalid.get(r, 0) + c
+        self._last_window_s = ended_s
+        if slowdown is not None:
+            self._slowdown = slowdown
         self._last_summary = summary
         self.store.put(wid, t)
         return wid
@@ -387,6 +403,9 @@ class Aggregator:
         errors = dict(self._errors)
         for stage, c in health.errors.items():
             errors[stage] = errors.get(stage, 0) + c
+            if c > self._source_errors_logged.get(stage, 0):  # the source counts without I/O; log here
+                self._source_errors_logged[stage] = c
+                self._log_error(stage, f"{health.last_errors.get(stage, '')} ({c} so far)")
         return Snapshot(
             created_s=time.time(),
             rank=self.rank,

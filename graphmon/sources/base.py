@@ -7,6 +7,7 @@ source: it contains its own errors. Sources report health without blocking.
 from __future__ import annotations
 
 import abc
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class SourceHealth:
     state: str  # "starting" | "running" | "stopped" | "blocked" | "error"
     reason: str = ""
     errors: dict[str, int] = field(default_factory=dict)  # stage -> count
+    last_errors: dict[str, str] = field(default_factory=dict)  # stage -> repr of the last exception
 
 
 Sink = Callable[[Window], None]
@@ -54,6 +56,7 @@ class Source(abc.ABC):
 
     def __init__(self) -> None:
         self._errors: dict[str, int] = {}
+        self._last_errors: dict[str, str] = {}
         self._errors_lock = threading.Lock()  # serialises increments; health() never takes it
         self._state = "starting"
         self._reason = ""
@@ -75,8 +78,13 @@ class Source(abc.ABC):
         raise NotImplementedError(f"{self.backend} source does not take capture requests")
 
     def count_error(self, stage: str) -> None:
+        # Called from host threads (CUPTI callbacks): no I/O here. The aggregator logs new
+        # errors, rate limited, from graphmon's own threads; keep the exception for that line.
+        exc = sys.exc_info()[1]
         with self._errors_lock:
             self._errors[stage] = self._errors.get(stage, 0) + 1
+            if exc is not None:
+                self._last_errors[stage] = repr(exc)[:300]
 
     def set_state(self, state: str, reason: str = "") -> None:
         self._state, self._reason = state, reason
@@ -85,7 +93,8 @@ class Source(abc.ABC):
         # No lock: scrapes call this and must never wait on a lock CUPTI callbacks take.
         # dict() of a dict is one C call under the GIL, so the copy is consistent.
         errors = dict(self._errors)
-        return SourceHealth(up=self._state == "running", state=self._state, reason=self._reason, errors=errors)
+        return SourceHealth(up=self._state == "running", state=self._state, reason=self._reason, errors=errors,
+                            last_errors=dict(self._last_errors))
 
 
 def wall_time() -> float:
