@@ -280,7 +280,8 @@ def main() -> int:
         res = {}
         # shape A: the 4-stream decode graph, bs 1 and 2, uploaded and lazy (created after attach)
         path = os.path.join(out, "h200-graphmon-decode.graphmon.npz")
-        graphmon.attach(record_path=path, record_windows=4, window_launches=12, interval_s=0.5, first_window_s=0.3)
+        graphmon.attach(record_path=path, record_windows=4, window_launches=12, window_duration_ms=200,
+                       interval_s=0.5, first_window_s=0.3)
         gs = ds.build(model, [1, 2], ["uploaded", "lazy", "instantiate_upload"])
         t0 = time.monotonic()
         while not os.path.exists(path) and time.monotonic() - t0 < 20:
@@ -289,7 +290,8 @@ def main() -> int:
         res["decode"] = _summ(path)
         # shape B: single-stream chain of 1000 tiny kernels + a 2-stream decode, fewer layers
         path = os.path.join(out, "h200-graphmon-chain.graphmon.npz")
-        graphmon.attach(record_path=path, record_windows=4, window_launches=12, interval_s=0.5, first_window_s=0.3)
+        graphmon.attach(record_path=path, record_windows=4, window_launches=12, window_duration_ms=200,
+                       interval_s=0.5, first_window_s=0.3)
         chain = []
         for m in ("uploaded", "lazy"):
             r = ds.capture(f"chain1000/{m}", ds.chain_step, torch.zeros(1024, device="cuda"), m)

@@ -45,7 +45,8 @@ class Workload:
 def make(fake=None, **kw):
     fake = fake or FakeCupti()
     windows = []
-    opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005)
+    # the fake GPU runs a launch at once (no queue to drain)
+    opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0)
     opts.update(kw)
     src = CuptiSource(cupti=fake, events=FakeEvents(fake), registry=GraphRegistry(), **opts)
     return fake, src, windows
@@ -175,7 +176,8 @@ def test_no_events_on_capturing_streams():
     fake = FakeCupti(trace_slowdown=1.2)
     windows = []
     src = CuptiSource(cupti=fake, events=FakeEvents(fake, capturing={MAIN}), registry=GraphRegistry(),
-                      window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005)
+                      window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+                      drain_ms=0)
     src.start(windows.append)
     h = fake.instantiate(decode_like(1))
     with Workload(fake, [h]):
@@ -286,7 +288,12 @@ def test_complete_replays_trims_window_edges():
     corr = np.array([10, 10, 11, 11, 11, 12, 99, 98])
     keep, inv = complete_replays(gid, corr, np.array([11, 12]))
     assert keep.tolist() == [False, False, True, True, True, False, True, True]
-    assert inv == {"launched_before_window": 2, "partial_replay": 1}
+    assert inv == {"launched_outside_window": 2, "partial_replay": 1}
+    # zero-timestamp kernels (launched, not run before tracing stopped) make a replay partial
+    gid, corr = np.full(6, 5), np.array([10, 10, 10, 11, 11, 11])
+    keep, inv = complete_replays(gid, corr, np.array([10, 11]), valid=np.array([1, 1, 1, 1, 0, 1], bool))
+    assert keep.tolist() == [True, True, True, False, True, False]  # the invalid one: Trace.build's
+    assert inv == {"partial_replay": 2}
 
 
 def test_window_edge_replays_are_excluded_and_counted():
@@ -303,5 +310,18 @@ def test_window_edge_replays_are_excluded_and_counted():
     src.stop()
     t = windows[0].trace
     assert 424242 not in set(t.correlation_id.tolist())
-    assert t.invalid.get("launched_before_window") == 6
+    assert t.invalid.get("launched_outside_window") == 6
     assert len(t) % 6 == 0
+
+
+def test_launches_while_draining_are_left_out_and_counted():
+    fake, src, windows = make(observer="off", drain_ms=50, window_launches=3)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    with Workload(fake, [h], period_s=0.002):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    t = windows[0].trace
+    assert t.n_launches >= 3
+    assert len(np.unique(t.correlation_id)) == t.n_launches  # only the window's own launches
+    assert t.invalid.get("launched_outside_window", 0) >= 3  # ~25 launches in 50 ms of drain

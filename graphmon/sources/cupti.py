@@ -110,6 +110,7 @@ class CuptiSource(Source):
         buffer_size_bytes: int = 4 << 20,
         max_buffers: int = 16,
         max_window_records: int = 2_000_000,
+        drain_ms: float = 10.0,
         observer: str = "events",  # "events" | "off"
         max_timed_launches: int = 256,
         blocked_retry_s: float = 30.0,
@@ -129,6 +130,7 @@ class CuptiSource(Source):
         self.buffer_size_bytes = int(buffer_size_bytes)
         self.max_buffers = int(max_buffers)
         self.max_window_records = int(max_window_records)
+        self.drain_ms = float(drain_ms)
         self.observer = observer
         self.max_timed_launches = int(max_timed_launches)
         self.blocked_retry_s = float(blocked_retry_s)
@@ -146,6 +148,7 @@ class CuptiSource(Source):
 
         # window state, written by callbacks (host threads) and the collector
         self._in_window = False
+        self._closing = False  # window full: launches no longer join it, tracing drains
         self._phase: Optional[str] = None  # None | "ref" | "win": which launches are timed
         self._launches: list[tuple[int, int, int, int]] = []  # corr, exec, launch_ns, stream handle
         self._launch_count = 0
@@ -355,7 +358,13 @@ class CuptiSource(Source):
         self._in_window = True
         c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
         self._wait_phase(n_target, dur_ms)
+        # Kernels of launches already made may still be queued on the GPU: keep tracing a little
+        # (launches from now on are left out of the window) so that their replays complete.
+        self._closing = True
+        if self.drain_ms > 0 and not self._stop.is_set():
+            time.sleep(self.drain_ms / 1e3)
         flush_ms = self._end_window_tracing()
+        self._closing = False
         ended = wall_time()
         self._phase = None
         window_ms = (time.perf_counter() - t0) * 1e3
@@ -458,7 +467,7 @@ class CuptiSource(Source):
             "stream": np.array([self._stream_id_of(l[3]) for l in launches], np.int64),
         }
         meta = {"source": "cupti", "capture_id": req.id if req is not None else None}
-        keep, invalid = complete_replays(gid, corr, lc["correlation_id"])
+        keep, invalid = complete_replays(gid, corr, lc["correlation_id"], valid=(start > 0) & (end >= start))
         if not keep.all():
             start, end, stream, device, gid, gnode, corr, name_id = (
                 a[keep] for a in (start, end, stream, device, gid, gnode, corr, name_id)
@@ -546,6 +555,8 @@ class CuptiSource(Source):
                 self._stream_ids[key] = self._cupti_stream_id(ctx, stream)
             self.registry.on_launch(h, self._stream_ids[key])
             phase = self._phase
+            if self._closing:
+                return
             if self._in_window:
                 self._launches.append((corr, h, c.get_timestamp(), key))
             if phase is not None:
@@ -680,25 +691,27 @@ class CuptiSource(Source):
 
 # Window edges cut replays: kernels of a launch made before tracing was enabled, and kernels of
 # the launch still running when it was disabled, are missing. Such replays are excluded and counted.
-INVALID_BEFORE_WINDOW = "launched_before_window"
+INVALID_BEFORE_WINDOW = "launched_outside_window"
 INVALID_PARTIAL_REPLAY = "partial_replay"
 
 
-def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray):
+def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None):
     """Mask of kernels to keep + counts of excluded ones by reason. Graph kernels are kept when
     their launch was seen inside the window and their replay has the graph's full kernel count
-    (the most kernels any replay of that graph had in the window)."""
+    (the most kernels any replay of that graph had in the window). Kernels that are not
+    ``valid`` (e.g. zero timestamps: launched but not run before tracing stopped) do not count
+    towards a replay's kernels; they are left for Trace.build to exclude under their reason."""
     n = len(corr)
     keep = np.ones(n, dtype=bool)
     invalid: dict[str, int] = {}
     g = graph_id > 0
     if not g.any():
         return keep, invalid
-    before = g & ~np.isin(corr, launch_corr)
+    before = g & ~np.isin(corr, launch_corr)  # launched before the window opened or after it closed
     if before.any():
         invalid[INVALID_BEFORE_WINDOW] = int(before.sum())
         keep &= ~before
-    sel = np.flatnonzero(keep & g)
+    sel = np.flatnonzero(keep & g & (True if valid is None else valid))
     if len(sel):
         u, inv, cnt = np.unique(corr[sel], return_inverse=True, return_counts=True)
         gid_of = np.zeros(len(u), np.int64)
