@@ -43,6 +43,20 @@ _lock = threading.Lock()
 _state: Optional["_Attached"] = None
 
 
+def _forget_after_fork() -> None:
+    # fork() copies only the calling thread: the child has no collector, refresher or HTTP thread,
+    # and locks those threads held stay held forever. The child starts detached (inert; attach()
+    # there starts afresh) so that its atexit detach() neither waits on those locks nor calls
+    # into the parent's CUPTI subscription.
+    global _state, _lock
+    _state = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 class _Attached:
     def __init__(self, source, exporter, recorder) -> None:
         self.source, self.exporter, self.recorder = source, exporter, recorder
