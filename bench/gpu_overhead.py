@@ -38,13 +38,21 @@ from graphmon.sources.base import CaptureRequest  # noqa: E402
 R: dict = {"sections": {}, "errors": {}}
 
 
+JSON_NAME = "gpu-overhead.json"
+
+
 def save(out):
-    with open(os.path.join(out, "gpu-overhead.json"), "w") as fh:
+    with open(os.path.join(out, JSON_NAME), "w") as fh:
         json.dump(R, fh, indent=1, default=str)
+
+
+SELECTED: set = set()
 
 
 def section(name, out):
     def deco(fn):
+        if SELECTED and name not in SELECTED:
+            return fn
         t0 = time.perf_counter()
         try:
             R["sections"][name] = fn()
@@ -117,7 +125,12 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--overhead-rounds", type=int, default=6)
     ap.add_argument("--overhead-phase-s", type=float, default=6.0)
+    ap.add_argument("--sections", default="", help="comma-separated subset of sections to run")
+    ap.add_argument("--json-name", default="gpu-overhead.json")
     args = ap.parse_args()
+    SELECTED.update(x for x in args.sections.split(",") if x)
+    global JSON_NAME
+    JSON_NAME = args.json_name
     out = args.out
     os.makedirs(out, exist_ok=True)
     R["versions"] = versions()
@@ -247,7 +260,7 @@ def main() -> int:
             "per_round_ratio": ratios.tolist(),
             "windows_while_on": windows_on, "observer_slowdowns_seen": slow,
             "phase_s": args.overhead_phase_s, "rounds": args.overhead_rounds,
-            "defaults": {"window_launches": 32, "window_duration_ms": 25.0, "interval_s": 5.0},
+            "defaults": _defaults(),
         }
 
     # ---------------------------------------------------------------- 5. ingest rate
@@ -336,8 +349,18 @@ def main() -> int:
         return {"rc": rc, "wall_s": round(time.monotonic() - t0, 1)}
 
     print("DONE", json.dumps(R["errors"])[:2000], flush=True)
-    write_md(out)
+    if not SELECTED:
+        write_md(out)
     return 0
+
+
+def _defaults():
+    import inspect
+
+    from graphmon.sources.cupti import CuptiSource
+
+    p = inspect.signature(CuptiSource.__init__).parameters
+    return {k: p[k].default for k in ("window_launches", "window_duration_ms", "interval_s", "drain_ms", "buffer_size_bytes")}
 
 
 def _summ(path):

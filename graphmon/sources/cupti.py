@@ -6,8 +6,10 @@ it does, and why:
 - Kernel tracing perturbs what it measures (+12-33% per replay on an H200 while on, see
   shared notes), so it is on only inside short *windows*: every ``interval_s`` a window opens
   for ``window_launches`` graph launches or ``window_duration_ms``, whichever ends first.
-  Default duty cycle: <= 25 ms every 5 s = 0.5% of wall time, so <= 0.17% steady cost at a
-  33% in-window slowdown. ``request_capture`` opens a window soon and tags it.
+  Default: <= 16 launches or 20 ms (+ 10 ms drain) every 10 s. On the H200 the steady cost was
+  dominated not by the in-window slowdown but by ingest: cupti-python hands records over as
+  Python objects (~1 M records/s), holding the GIL the serving thread needs (see
+  bench/results/gpu-overhead.md). ``request_capture`` opens a window soon and tags it.
 - Only CONCURRENT_KERNEL is enabled (KERNEL serializes kernels).
 - Graph identity/upload mode come from driver-API callbacks (runtime calls reach them too):
   cuGraphInstantiate* (exit), cuGraphUpload*, cuGraphExecDestroy, cuGraphLaunch*. The launch
@@ -102,13 +104,13 @@ class CuptiSource(Source):
         *,
         events: Any = None,
         registry: Optional[GraphRegistry] = None,
-        window_launches: int = 32,
-        window_duration_ms: float = 25.0,
-        interval_s: float = 5.0,
+        window_launches: int = 16,
+        window_duration_ms: float = 20.0,
+        interval_s: float = 10.0,
         first_window_s: float = 1.0,
         capture_max_duration_ms: float = 2000.0,
-        buffer_size_bytes: int = 4 << 20,
-        max_buffers: int = 16,
+        buffer_size_bytes: int = 1 << 20,  # small buffers: cupti-python hands each over in one GIL hold
+        max_buffers: int = 32,
         max_window_records: int = 2_000_000,
         drain_ms: float = 10.0,
         observer: str = "events",  # "events" | "off"
@@ -670,24 +672,35 @@ class CuptiSource(Source):
                 acts = acts[: max(room, 0)]
                 if not acts:
                     return
-            part = (
-                np.fromiter((a.start for a in acts), np.int64, len(acts)),
-                np.fromiter((a.end for a in acts), np.int64, len(acts)),
-                np.fromiter((a.stream_id for a in acts), np.int64, len(acts)),
-                np.fromiter((a.device_id for a in acts), np.int32, len(acts)),
-                np.fromiter((a.graph_id for a in acts), np.int64, len(acts)),
-                np.fromiter((a.graph_node_id for a in acts), np.int64, len(acts)),
-                np.fromiter((a.correlation_id for a in acts), np.int64, len(acts)),
-                np.fromiter((names.setdefault(a.name, len(names)) for a in acts), np.int32, len(acts)),
-            )
-            with self._rec_lock:
-                self._parts.append(part)
-                self._n_records += len(acts)
+            for i in range(0, len(acts), INGEST_CHUNK):
+                if i:
+                    # Let the host's threads take the GIL between chunks: the serving loop
+                    # must not wait for our whole buffer to be converted.
+                    self._ingest_s += time.perf_counter() - t0
+                    time.sleep(0)
+                    t0 = time.perf_counter()
+                ch = acts[i : i + INGEST_CHUNK]
+                n = len(ch)
+                part = (
+                    np.fromiter((a.start for a in ch), np.int64, n),
+                    np.fromiter((a.end for a in ch), np.int64, n),
+                    np.fromiter((a.stream_id for a in ch), np.int64, n),
+                    np.fromiter((a.device_id for a in ch), np.int32, n),
+                    np.fromiter((a.graph_id for a in ch), np.int64, n),
+                    np.fromiter((a.graph_node_id for a in ch), np.int64, n),
+                    np.fromiter((a.correlation_id for a in ch), np.int64, n),
+                    np.fromiter((names.setdefault(a.name, len(names)) for a in ch), np.int32, n),
+                )
+                with self._rec_lock:
+                    self._parts.append(part)
+                    self._n_records += n
+                self._ingest_records += n
             self._ingest_s += time.perf_counter() - t0
-            self._ingest_records += len(acts)
         except Exception:
             self.count_error("buffer_completed")
 
+
+INGEST_CHUNK = 1024  # records converted per GIL hold in the buffer-completed callback
 
 # Window edges cut replays: kernels of a launch made before tracing was enabled, and kernels of
 # the launch still running when it was disabled, are missing. Such replays are excluded and counted.

@@ -79,11 +79,12 @@ def test_records_match_cuda_events(setup):
     from graphmon.sources.base import CaptureRequest
 
     n0 = len(windows)
-    src.request_capture(CaptureRequest(id="ev", replays=40, duration_ms=3000))
+    # a duration-bound window, open long enough for the whole queue below to run inside it
+    src.request_capture(CaptureRequest(id="ev", duration_ms=600))
     assert _wait(lambda: src.in_window, 5)
     # a backlog first, so that the replays run back to back on the GPU: the events then time
     # the GPU, not the host's launch rate (which the in-window launch callback slows)
-    torch.cuda._sleep(int(100e6))
+    torch.cuda._sleep(int(20e6))
     evs[0].record(st)
     for i in range(40):
         g.replay()
