@@ -29,7 +29,8 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: int = Field(9464, ge=0, le=65535, description="base port; attach() adds LOCAL_RANK")
-    token: Optional[str] = Field(None, description="bearer token required by POST /capture")
+    token: Optional[str] = Field(None, repr=False,  # kept out of repr(): settings end up in logs and tracebacks
+                                 description="bearer token required by POST /capture")
     rank: str = Field(default_factory=_default_rank, description="the 'rank' label")
     max_graphs: int = Field(64, ge=1, description="series cap: graphs per device before folding into 'other'")
     max_streams: int = Field(16, ge=1, description="series cap: streams per graph before folding into 'other'")
