@@ -191,8 +191,9 @@ def _read_npz_arrays(path: str, limits: ReadLimits, show: bool | float) -> dict[
         raise TraceError(f"corrupt or truncated npz: {e}") from None
     except (NotImplementedError, RuntimeError) as e:  # zipfile: unknown compression, encryption
         raise TraceError(f"unsupported npz member: {e}") from None
-    except (ValueError, TypeError, KeyError, OverflowError) as e:
-        raise TraceError(f"bad npz array: {e}") from None
+    except Exception as e:  # noqa: BLE001 - numpy's header parser on hostile bytes raises
+        # ValueError, SyntaxError, tokenize.TokenError, ...: all mean "not a valid array" here.
+        raise TraceError(f"bad npz array: {type(e).__name__}: {e}") from None
     return out
 
 
