@@ -89,8 +89,8 @@ def read_trace(
 ) -> Trace:
     """Read a trace file of any supported format, chosen by its content.
 
-    ``progress``: None shows a bar on stderr only for files big enough to take over ~1 s,
-    True always, False never. Raises :class:`TraceError` (one line, naming the file) for any
+    ``progress``: None shows a bar on stderr only once reading has taken over 1 s, True at
+    once, False never. Raises :class:`TraceError` (one line, naming the file) for any
     unreadable file.
     """
     name = os.fspath(path)
