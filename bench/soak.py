@@ -144,12 +144,13 @@ def quantile(xs: list[float], q: float) -> Optional[float]:
 
 def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: float = 10.0,
              warmup_s: Optional[float] = None, trace_store_count: int = 16, trace_store_mib: int = 64,
-             scrapers: int = 8, trace: Path = TRACE, log=print) -> dict:
+             scrapers: int = 8, trace: Path = TRACE, max_graphs: int = 64, log=print) -> dict:
     """Run the soak; returns the result document (no assertions here)."""
     port = free_port()
     token = "soak-token"
     env = dict(os.environ, GRAPHMON_TOKEN=token, GRAPHMON_TRACE_STORE_COUNT=str(trace_store_count),
-               GRAPHMON_TRACE_STORE_BYTES=str(trace_store_mib * MiB), PYTHONUNBUFFERED="1")
+               GRAPHMON_TRACE_STORE_BYTES=str(trace_store_mib * MiB), GRAPHMON_MAX_GRAPHS=str(max_graphs),
+               PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(trace), "--port", str(port),
            "--window-interval-s", str(window_interval_s)]
     duration_s = minutes * 60.0
@@ -191,6 +192,8 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
                     trace_store_windows=len(st["windows"]),
                     errors_total=st["errors_total"],
                     metrics_series=series_count(mt),
+                    metrics_graphs=len(set(re.findall(r'graph="([^"]*)"', mt))),
+                    series_folded_total=st["series_folded_total"],
                     metrics_bytes=len(mt),
                     requests=sc.requests,
                     metrics_p50_ms=None if not lat else round(quantile(lat, 0.5) * 1e3, 2),
@@ -245,6 +248,8 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
         "fds_max": max(s["fds"] for s in samples),
         "metrics_series_warm_end_max": [warm.get("metrics_series"), last.get("metrics_series"), max(series)],
         "trace_store_windows_max": max(store),
+        "metrics_graphs_max": max(s["metrics_graphs"] for s in samples if "metrics_graphs" in s),
+        "series_folded_total_end": last.get("series_folded_total"),
         "errors_total_end": last.get("errors_total", {}),
         "sigterm_exit_code": rc,
         "sigterm_exit_s": round(exit_s, 2),
@@ -252,10 +257,11 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
     return {
         "what": "graphmon serve replaying the real H200 trace; 8 scraper threads (/metrics, /status, "
                 "/capture + /trace); psutil samples of the serve process",
-        "command": " ".join(cmd[1:]),
+        "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", ""),
         "config": {"minutes": minutes, "window_interval_s": window_interval_s, "sample_s": sample_s,
                    "warmup_s": warmup_s, "trace_store_count": trace_store_count,
-                   "trace_store_mib": trace_store_mib, "scrapers": scrapers, "trace": str(trace.relative_to(ROOT))},
+                   "trace_store_mib": trace_store_mib, "scrapers": scrapers, "max_graphs": max_graphs,
+                   "trace": str(trace.relative_to(ROOT))},
         "environment": {"python": platform.python_version(), "platform": platform.platform(),
                         "cpus": os.cpu_count()},
         "summary": summary,
