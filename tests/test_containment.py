@@ -472,3 +472,16 @@ def test_fake_cupti_flush_and_collector_failures_do_not_stop_collection(cupti_ex
         assert metric(text, "graphmon_collector_errors_total", stage="collector") == 1
         assert metric(text, "graphmon_up", rank="0") == 1.0
         host.assert_healthy(0)
+
+
+def test_capture_waiters_do_not_outlive_their_request():
+    """A /capture whose window never came left its Event in the aggregator forever (one per request)."""
+    agg = Aggregator()
+    for i in range(100):
+        assert agg.wait_for(f"never{i}", 0.001) is False
+    assert agg._waiters == {}
+    timer = threading.Timer(0.05, lambda: agg.ingest(window(synthetic_trace(), capture_id="c1")))
+    timer.start()
+    assert agg.wait_for("c1", TIMEOUT_S) is True  # a window that lands while waiting wakes the waiter
+    timer.join()
+    assert agg._waiters == {}
