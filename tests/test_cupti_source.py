@@ -325,3 +325,27 @@ def test_launches_while_draining_are_left_out_and_counted():
     assert t.n_launches >= 3
     assert len(np.unique(t.correlation_id)) == t.n_launches  # only the window's own launches
     assert t.invalid.get("launched_outside_window", 0) >= 3  # ~25 launches in 50 ms of drain
+
+
+@pytest.mark.parametrize("name,modes", [
+    ("h200-graphmon-decode.graphmon.npz", {"uploaded", "lazy", "instantiate_upload"}),
+    ("h200-graphmon-chain.graphmon.npz", {"uploaded", "lazy"}),
+])
+def test_h200_recordings_hold_complete_labelled_replays(name, modes):
+    """Recorded on the H200 by graphmon itself (bench/gpu_overhead.py, record mode)."""
+    import os
+
+    from graphmon.sources.readers import read_trace
+
+    t = read_trace(os.path.join(os.path.dirname(__file__), "data", name))
+    assert {g.upload_mode for g in t.graphs} == modes
+    assert all(g.label and g.batch_size > 0 for g in t.graphs)
+    # every kept replay is complete: one kernel count per graph (window edges were trimmed)
+    u, inv, cnt = np.unique(t.correlation_id, return_inverse=True, return_counts=True)
+    g_of = np.zeros(len(u), np.int64)
+    g_of[inv] = t.graph
+    for g in np.unique(g_of):
+        assert len(set(cnt[g_of == g].tolist())) == 1
+    assert (t.graph >= 0).all()
+    assert set(u.tolist()) <= set(t.launches["correlation_id"].tolist())
+    assert t.meta["windows"] == 4
