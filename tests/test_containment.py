@@ -485,3 +485,12 @@ def test_capture_waiters_do_not_outlive_their_request():
     assert agg.wait_for("c1", TIMEOUT_S) is True  # a window that lands while waiting wakes the waiter
     timer.join()
     assert agg._waiters == {}
+
+
+def test_cupti_capture_queue_refuses_instead_of_dropping_silently(cupti_exporter):
+    """The capture deque (maxlen 16) silently dropped the oldest pending request on the 17th."""
+    fake, src, ex, c = cupti_exporter()  # not started: no request is served, they pile up
+    answers = [c.post("/capture", json={"replays": 1}) for _ in range(20)]
+    assert [r.status_code for r in answers] == [200] * 16 + [429] * 4
+    accepted = [r.json()["id"] for r in answers[:16]]
+    assert [r.id for r in src._captures] == accepted  # every accepted request is still pending

@@ -208,6 +208,9 @@ class CuptiSource(Source):
         self.set_state("stopped")
 
     def request_capture(self, request: CaptureRequest) -> None:
+        # Refuse (HTTP 429) rather than let the bounded deque silently drop the oldest request.
+        if len(self._captures) >= (self._captures.maxlen or 1 << 30):
+            raise RuntimeError("too many pending captures")
         self._captures.append(request)
         self._wake.set()
 
