@@ -494,3 +494,23 @@ def test_cupti_capture_queue_refuses_instead_of_dropping_silently(cupti_exporter
     assert [r.status_code for r in answers] == [200] * 16 + [429] * 4
     accepted = [r.json()["id"] for r in answers[:16]]
     assert [r.id for r in src._captures] == accepted  # every accepted request is still pending
+
+
+def test_persistent_collector_fault_logs_one_traceback_not_one_per_second(cupti_exporter, caplog):
+    caplog.set_level(logging.WARNING, logger="graphmon")
+    fake, src, ex, c = cupti_exporter()
+
+    def broken():
+        raise RuntimeError("injected persistent collector failure")
+
+    src.registry.resolve_ids = broken  # every window fails in the collector loop (retried each second)
+    ex.start()
+    h = fake.instantiate(decode_like(2))
+    with launching_host(fake, h) as host:
+        wait_for(lambda: src.health().errors.get("collector", 0) >= 3, what="3 collector errors")
+        host.assert_healthy(0)
+    tracebacks = [r for r in caplog.records if r.getMessage() == "graphmon collector error"]
+    assert len(tracebacks) == 1 and tracebacks[0].exc_info is not None
+    # counted at once, published with the next snapshot (no window succeeds: the 1 s refresher)
+    wait_for(lambda: metric(c.get("/metrics").text, "graphmon_collector_errors_total", stage="collector") >= 3,
+             what="collector errors in /metrics")

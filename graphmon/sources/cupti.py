@@ -147,6 +147,7 @@ class CuptiSource(Source):
         self._handlers: dict[int, Any] = {}
         self._launch_cbids: tuple[int, ...] = ()
         self._launch_cb_on = False
+        self._collector_logged_s = -1e9
 
         # window state, written by callbacks (host threads) and the collector
         self._in_window = False
@@ -240,7 +241,10 @@ class CuptiSource(Source):
                 self._wake.clear()
             except Exception:
                 self.count_error("collector")
-                log.exception("graphmon collector error")
+                now = time.monotonic()
+                if now - self._collector_logged_s > 60.0:  # a persistent fault: one traceback a minute, not a second
+                    self._collector_logged_s = now
+                    log.exception("graphmon collector error")
                 self._stop.wait(1.0)
         self._teardown()
 
