@@ -185,7 +185,14 @@ class CuptiSource(Source):
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
-        return {"backend": self.backend, "observer": self.observer}
+        out = {"backend": self.backend, "observer": self.observer}
+        try:
+            from importlib.metadata import version
+
+            out["cupti_python"] = version("cupti-python")
+        except Exception:
+            pass  # not installed (tests with a fake), or metadata unreadable
+        return out
 
     def start(self, sink: Sink) -> None:
         if self._thread is not None:
@@ -355,6 +362,9 @@ class CuptiSource(Source):
             self._set_launch_cb(True)
             self._launch_count = 0
             self._wait_phase(n_target, dur_ms)
+            if self._stop.is_set():
+                self._phase = None
+                return
 
         with self._rec_lock:
             self._parts, self._n_records, self._discarded, self._names = [], 0, 0, {}
