@@ -101,6 +101,12 @@ def error_logs(caplog, stage: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"graphmon {stage} error")]
 
 
+def is_own_thread(ex) -> bool:
+    """Class- or module-level fault injection must only hit this exporter's threads: other tests'
+    exporters may still be running in the same process."""
+    return threading.current_thread() in (ex.source._thread, ex._refresher)
+
+
 @pytest.fixture
 def replay_exporter():
     made = []
@@ -121,14 +127,15 @@ def test_analysis_failures_are_counted_logged_once_and_later_windows_ingested(re
     real = snapshot_mod.analyze
     fail_left = [5]
 
+    ex, c = replay_exporter()
+
     def flaky_analyze(trace):
-        if fail_left[0] > 0:
+        if fail_left[0] > 0 and is_own_thread(ex):
             fail_left[0] -= 1
             raise ValueError("injected analysis failure")
         return real(trace)
 
     monkeypatch.setattr(snapshot_mod, "analyze", flaky_analyze)
-    ex, c = replay_exporter()
     with HostLoop() as host:
         ex.start()
         wait_for(lambda: ex.snapshot().errors_total.get("analysis", 0) == 5, what="5 analysis errors")
@@ -146,13 +153,14 @@ def test_snapshot_build_failures_are_counted_as_snapshot_and_no_window_is_lost(r
     real = snapshot_mod.Snapshot
     fail_left = [3]
 
+    ex, c = replay_exporter(max_windows=12)
+
     def flaky_snapshot(**kw):
-        if fail_left[0] > 0:
+        if fail_left[0] > 0 and is_own_thread(ex):
             fail_left[0] -= 1
             raise RuntimeError("injected snapshot failure")
         return real(**kw)
 
-    ex, c = replay_exporter(max_windows=12)
     monkeypatch.setattr(snapshot_mod, "Snapshot", flaky_snapshot)
     with HostLoop() as host:
         ex.start()
@@ -295,7 +303,7 @@ def test_source_errors_are_logged_once_per_stage_with_the_exception(replay_expor
     fail_left = [4]
 
     def flaky(self, *a, **kw):
-        if fail_left[0] > 0:
+        if fail_left[0] > 0 and self is ex.source:
             fail_left[0] -= 1
             raise OSError("injected source failure")
         return real(self, *a, **kw)

@@ -32,8 +32,7 @@ def _exporter() -> Exporter:
     ex = Exporter(src, Settings(max_capture_replays=50, max_capture_ms=50.0))
     for i in range(3):  # ids w1..w3 exist, so /trace/{id} reaches the rendering code too
         ex.aggregator.ingest(window(synthetic_trace(base_ns=10**9 * (i + 1))))
-    ex.start()
-    return ex
+    return ex  # started by the module fixture: no thread of it runs while other modules' tests do
 
 
 EXPORTER = _exporter()
@@ -52,7 +51,8 @@ def flatmap_path_parameters(ctx, params):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _stop_exporter():
+def _run_exporter():
+    EXPORTER.start()
     yield
     EXPORTER.stop(timeout_s=5)
 
