@@ -17,9 +17,13 @@ The same rule with the sign reversed reports an "improvement" (never fails CI).
 
 Why 128 ns / 20% and not 2 ticks / 10%: two captures of the *same* graph differ (instance-to-
 instance variance). In the bundled H200 capture, decode_bs2 uploaded vs not differ by +80 ns
-(+11.6%) on one side stream, with p < 1e-6; a 2-tick/10% rule would flag that. The numbers are in
+(+11.6%) on one side stream, Bonferroni-adjusted p = 1e-5; a 2-tick/10% rule would flag that. Across all
+null pairs, 9 streams have p_adj < 0.01 with |shift| <= 80 ns (<= 11.6%). The numbers are in
 docs/ab/compare-null.json (bench/ab_compare_null.py). The motivating regression (0.19 -> 0.51 µs,
-+320 ns, +168%) is far above both thresholds.
++320 ns, +168%) is far above both thresholds. The price: a real gap shift below 128 ns or 20%
+is reported (shift, CI, p) but not flagged, and replay span is informational only, since one
+capture per side cannot separate a 1-2% span change from ±1.5% instance variance (use
+``graphmon ab`` with several instances per arm for that).
 
 Matching graphs (first rule that applies, each graph used once):
   1. explicit pairs (``pairs=``/``--pair BASE=CUR``, by display name, label or key); when pairs
