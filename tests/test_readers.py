@@ -111,6 +111,7 @@ def test_kineto_launches_labels_and_graphs(kineto_json, kineto_trace):
         assert tl["launch_ns"][i] == us_str_to_ns(launches[corr]["ts"])
         assert kineto_trace.labels[tl["label"][i]] == label_of(launches[corr])
         assert tl["device"][i] == 0
+        assert kineto_trace.graphs[tl["graph"][i]].label == label_of(launches[corr])  # filled from its kernels
     # Two graphs (uploaded / not), told apart by label; each kernel in the graph of its launch's label.
     assert sorted(g.label for g in kineto_trace.graphs) == ["shapeA/no_upload", "shapeA/upload"]
     assert all(g.upload_mode == "unknown" for g in kineto_trace.graphs)
@@ -246,6 +247,8 @@ def test_synthetic_launch_names_labels_and_eager(tmp_path):
     assert sorted(rows) == [10, 11, 12]  # no launch row for the eager kernel
     lab = lambda c: t.labels[t.launches["label"][rows[c]]] if t.launches["label"][rows[c]] >= 0 else None  # noqa: E731
     assert (lab(10), lab(11), lab(12)) == ("inner", "outer", None)
+    for c, r in rows.items():  # each launch row names the graph its kernels landed in
+        assert {int(g) for g in t.graph[t.correlation_id == c]} == {int(t.launches["graph"][r])}
     assert t.launches["launch_ns"][rows[11]] == 400_000
     eager = t.correlation_id == 99
     assert (t.graph[eager] == -1).all() and (t.graph[~eager] >= 0).all()

@@ -74,8 +74,9 @@ def check_consistent(t: Trace) -> None:
         assert (t.end_ns >= t.start_ns).all()
         assert t.graph.min() >= -1 and t.graph.max() < len(t.graphs)
         assert t.name_id.min() >= -1 and t.name_id.max() < max(len(t.names), 1)
-    lab = t.launches["label"]
+    lab, lg = t.launches["label"], t.launches["graph"]
     assert len(lab) == 0 or (lab.min() >= -1 and lab.max() < len(t.labels))
+    assert len(lg) == 0 or (lg.min() >= -1 and lg.max() < len(t.graphs))
 
 
 # ---------------------------------------------------------------------------- random events

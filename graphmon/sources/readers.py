@@ -28,7 +28,7 @@ import sys
 import zipfile
 import zlib
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, BinaryIO, Callable
 
@@ -594,7 +594,7 @@ class _KinetoBuilder:
         if self.non_object_events:
             meta["non_object_events"] = self.non_object_events
         names = [_clean_text(s) for s in self.names]
-        return Trace.build(
+        trace = Trace.build(
             start_ns=start,
             end_ns=np.frombuffer(self.end, np.int64) if len(self.end) else np.zeros(0, np.int64),
             stream=np.frombuffer(self.stream, np.int64) if len(self.stream) else np.zeros(0, np.int64),
@@ -607,6 +607,7 @@ class _KinetoBuilder:
             invalid=self.invalid,
             meta=meta,
         )
+        return _with_launch_graphs(trace)
 
     def _labels(self, labels: dict[str, int]) -> dict[int, int]:
         """Correlation -> label index: the innermost record_function range on the launch's
@@ -635,6 +636,22 @@ class _KinetoBuilder:
                         labels[label] = len(labels)
                     out[c] = labels[label]
         return out
+
+
+def _with_launch_graphs(t: Trace) -> Trace:
+    """Fill each launch row's graph from its kernels (Kineto names no graph; Trace.build found
+    them by signature), so launches count per graph. Launches without kernels stay -1."""
+    lc = t.launches
+    if not len(lc["correlation_id"]) or not len(t):
+        return t
+    kkey = (t.device.astype(np.int64) << 48) ^ t.correlation_id  # as Trace keys (device, correlation)
+    ukey, first = np.unique(kkey, return_index=True)
+    lkey = (lc["device"].astype(np.int64) << 48) ^ lc["correlation_id"]
+    pos = np.clip(np.searchsorted(ukey, lkey), 0, len(ukey) - 1)
+    hit = ukey[pos] == lkey
+    graph = np.where(hit, t.graph[first[pos]], lc["graph"]).astype(np.int32)
+    graph.setflags(write=False)
+    return replace(t, launches={**lc, "graph": graph})
 
 
 def _hashable(v: Any) -> Any:
