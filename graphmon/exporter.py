@@ -97,7 +97,8 @@ class Exporter:
                 self._server_thread.join(max(0.1, deadline - time.monotonic()))
         if self._refresher is not None:
             self._refresher.join(max(0.1, deadline - time.monotonic()))
-        self.aggregator.refresh()
+        # bounded: an ingest stuck past the deadline must not hold stop() (and the host's exit)
+        self.aggregator.refresh(timeout_s=max(0.1, deadline - time.monotonic()))
 
 
 def _safe_info(source: Source) -> dict[str, str]:

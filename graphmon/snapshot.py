@@ -243,15 +243,20 @@ class Aggregator:
             self._error_logged[stage] = now  # rate limit: one log line per stage per interval
             log.warning("graphmon %s error (counted in graphmon_collector_errors_total): %s", stage, detail)
 
-    def refresh(self) -> None:
-        """Rebuild the snapshot (e.g. after the source's health changed)."""
+    def refresh(self, timeout_s: float = -1) -> bool:
+        """Rebuild the snapshot (e.g. after the source's health changed). False if the ingest
+        lock was not free within ``timeout_s`` (-1: wait)."""
         # Under the ingest lock: a snapshot built from older state must not be published after
         # a newer one (counters would go backwards, which Prometheus reads as a reset).
-        with self._lock:
-            try:
-                self._snapshot = self._build_snapshot()
-            except Exception as e:
-                self.count_error("snapshot", e)
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            self._snapshot = self._build_snapshot()
+        except Exception as e:
+            self.count_error("snapshot", e)
+        finally:
+            self._lock.release()
+        return True
 
     def wait_for(self, wid: str, timeout_s: float) -> bool:
         """Block until a window with this id has been ingested (used by captures)."""

@@ -259,3 +259,24 @@ def test_fork_after_attach_does_not_deadlock_the_child(tmp_path):
     assert "child: detached ['MainThread']" in out  # no graphmon thread crossed the fork; inert
     assert "child re-attach: True" in out  # attach() in the child starts afresh
     assert "parent still collecting" in out and r.returncode == 0, r.stderr
+
+
+def test_stop_is_bounded_even_when_an_ingest_is_stuck():
+    ex = Exporter(ReplaySource(synthetic_trace(), interval_s=0.02), Settings())
+    ex.start()
+    wait_for(lambda: ex.snapshot().windows_total >= 1, what="a window")
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_ingest():  # e.g. a pathological window still being analysed
+        with ex.aggregator._lock:
+            held.set()
+            release.wait(60)
+
+    threading.Thread(target=stuck_ingest, daemon=True).start()
+    held.wait()
+    try:
+        t0 = time.monotonic()
+        ex.stop(timeout_s=1.0)
+        assert time.monotonic() - t0 < 1.0 + SLACK_S
+    finally:
+        release.set()
