@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, live `graphmon run` scraped over HTTP, steady overhead with the
+# current defaults. Writes everything under $OUT (or ./gpu-out). Run from the repo root on a CUDA
+# machine with torch and cupti-python importable (see docs/attach.md).
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
+
+echo "== GPU tests"
+timeout 200 $PY -m pytest tests/gpu -q -p no:cacheprovider -rA 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
+
+echo "== graphmon run -- examples/decode_server.py, scraped live"
+$PY -m graphmon.cli run --port 9477 --interval-s 2 -- $PY examples/decode_server.py --seconds 24 > "$OUT/run.log" 2>&1 &
+RUN=$!
+sleep 18
+$PY - "$OUT" <<'PY'
+import json, sys, urllib.request
+out = sys.argv[1]
+m = urllib.request.urlopen("http://127.0.0.1:9477/metrics", timeout=10).read().decode()
+open(f"{out}/live-metrics.txt", "w").write(m)
+st = json.load(urllib.request.urlopen("http://127.0.0.1:9477/status", timeout=10))
+json.dump(st, open(f"{out}/live-status.json", "w"), indent=1)
+modes = sorted({l.split('upload_mode="')[1].split('"')[0] for l in m.splitlines() if l.startswith("graphmon_kernel_gap_seconds_count")})
+print("live /metrics: state", st["state"], "windows", st["windows_total"], "upload modes with gap series:", modes)
+for l in m.splitlines():
+    if l.startswith("graphmon_kernel_gap_quantile_seconds{") and 'quantile="0.5"' in l:
+        print("  ", l)
+PY
+wait $RUN; echo "graphmon run exit code: $?"
+
+echo "== steady overhead (default sampling), interleaved arms"
+timeout 330 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
+  --overhead-rounds 8 --overhead-phase-s 10 2>&1 | tail -8
+$PY -c "
+import json; r = json.load(open('$OUT/gpu-overhead-steady.json'))
+s = r['sections'].get('steady_overhead'); print('errors', r['errors'])
+print('overhead %', s and round(s['overhead_pct'], 3), 'per-round', s and [round(x, 4) for x in s['per_round_ratio']], 'windows', s and s['windows_while_on'])"
