@@ -125,7 +125,8 @@ def analyze(trace: Trace) -> Analysis:
         o3 = np.argsort((rid << tb) | rel_s, kind="stable")
     else:
         o3 = np.lexsort((rel_s, rid))
-    busy = _union_busy_sorted(rid[o3], rel_s[o3], rel_e[o3], nrep)
+    # o3 only reorders kernels inside each replay's block, so rid and the block starts are unchanged.
+    busy = _union_busy_sorted(rid, rel_s[o3], rel_e[o3], nrep, rstart)
     # 3. per-stream gaps: order by (replay, stream, start, end)
     if packs:
         key = (rid << (sb + tb)) | (srank.astype(np.int64) << tb) | rel_s
@@ -137,16 +138,25 @@ def analyze(trace: Trace) -> Analysis:
         o2 = np.lexsort((rel_e, rel_s, srank, rid))
     r2, s2 = rid[o2], srank[o2]
     same = (r2[1:] == r2[:-1]) & (s2[1:] == s2[:-1])
-    pair = np.flatnonzero(same)  # earlier kernel of each consecutive pair
-    gap = start[o2][pair + 1] - end[o2][pair]
-    # Group id per gap from its replay's (device, graph) rank and its stream rank: small ints.
-    dg_rank, _ = _dense_ranks((rdev.astype(np.int64) << 32) | rgraph)
+    pair = np.flatnonzero(same)  # position (in o2 order) of the earlier kernel of each pair
+    gap = start[o2[pair + 1]] - end[o2[pair]]
+    # Group id per gap from its replay's (device, graph) rank and its stream rank: small ints, so
+    # device/graph/stream are looked up only for each group's first gap.
+    dg_rank, ndg = _dense_ranks((rdev.astype(np.int64) << 32) | rgraph)
     rp = r2[pair]
     gid = dg_rank[rp].astype(np.int64) * nstreams + s2[pair]
-    gaps = _group_gaps(gid, rdev[rp], rgraph[rp], stream[o2][pair], gap)
+    order, heads = _group_order(gid, ndg * nstreams)
+    h = order[heads]
+    gaps = StreamGaps(
+        device=rdev[rp[h]],
+        graph=rgraph[rp[h]],
+        stream=stream[o2[pair[h]]],
+        offsets=np.r_[heads, len(gap)].astype(np.int64),
+        values=gap[order],
+    ) if len(gap) else _empty_gaps()
 
     # First kernel's stream stands in for an unknown launch stream.
-    first_stream = stream[o3[np.r_[0, np.flatnonzero(np.diff(rid[o3])) + 1]]]
+    first_stream = stream[o3[rstart]]
     latency, lstream = _launch_info(trace, rdev, rcorr, first)
     rstream = np.where(lstream >= 0, lstream, first_stream)
     inter = _inter_replay(rdev, rstream, first, last)
@@ -190,7 +200,7 @@ def _empty_gaps() -> StreamGaps:
     return StreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, np.zeros(1, np.int64), z)
 
 
-def _union_busy_sorted(r, rel_s, rel_e, nrep) -> np.ndarray:
+def _union_busy_sorted(r, rel_s, rel_e, nrep, heads) -> np.ndarray:
     """Length of the union of [start, end) per replay, across streams; input sorted by (replay, start).
 
     An interval adds ``max(0, end - max(start, M))`` where M is the largest end seen earlier in the
@@ -198,19 +208,21 @@ def _union_busy_sorted(r, rel_s, rel_e, nrep) -> np.ndarray:
     times relative to the replay's first start, offset per replay so that replays never mix.
     """
     width = int(rel_e.max()) + 1
-    heads = np.r_[0, np.flatnonzero(r[1:] != r[:-1]) + 1]
     if width * nrep < 2**62:
-        off = r.astype(np.int64) * width
-        cm = np.maximum.accumulate(rel_e + off)
+        # In-place steps: each 8-byte-per-record temporary costs as much as the arithmetic.
+        off = r * width
+        cm = np.add(rel_e, off)
+        np.maximum.accumulate(cm, out=cm)
         prev = np.empty_like(cm)
-        prev[0] = -1
-        prev[1:] = cm[:-1] - off[1:]
+        np.subtract(cm[:-1], off[1:], out=prev[1:])
         prev[heads] = -1
     else:  # huge spans: per-replay running max (rare; only for absurd timestamps)
         prev = np.full(len(r), -1, dtype=np.int64)
         for lo, hi in zip(heads, np.r_[heads[1:], len(r)]):
             prev[lo + 1 : hi] = np.maximum.accumulate(rel_e[lo : hi - 1])
-    add = np.maximum(0, rel_e - np.maximum(rel_s, prev))
+    add = np.maximum(prev, rel_s, out=prev)
+    np.subtract(rel_e, add, out=add)
+    np.maximum(add, 0, out=add)
     # r is sorted, so reduceat gives exact int64 sums (bincount's float weights round above 2^53).
     out = np.zeros(nrep, dtype=np.int64)
     out[r[heads]] = np.add.reduceat(add, heads)
@@ -250,24 +262,16 @@ def _inter_replay(rdev, rstream, first, last) -> np.ndarray:
     return out
 
 
-def _group_gaps(gid, dev, graph, stream, gap) -> StreamGaps:
-    """Group gap values by ``gid`` = (device, graph, stream); grouped, not sorted within a group."""
-    if len(gap) == 0:
-        return _empty_gaps()
-    gid_rank, ngroups = _dense_ranks(gid)
+def _group_order(gid: np.ndarray, ngid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stable order that groups equal ``gid`` (0 <= gid < ngid) and the start of each group."""
+    if len(gid) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # Few groups: int16 keys make numpy's stable argsort a radix sort (linear time).
-    key = gid_rank.astype(np.int16) if ngroups < 2**15 else gid_rank
+    key = gid.astype(np.int16) if ngid < 2**15 else gid
     o = np.argsort(key, kind="stable")
-    ks = gid_rank[o]
-    heads = np.r_[0, np.flatnonzero(ks[1:] != ks[:-1]) + 1]
-    h = o[heads]
-    return StreamGaps(
-        device=dev[h],
-        graph=graph[h],
-        stream=stream[h],
-        offsets=np.r_[heads, len(gap)].astype(np.int64),
-        values=gap[o],
-    )
+    counts = np.bincount(gid, minlength=ngid)
+    heads = (np.cumsum(counts) - counts)[counts > 0]
+    return o, heads
 
 
 # ---------------------------------------------------------------------- statistics
