@@ -349,9 +349,9 @@ def huge_header_npz() -> bytes:
     return buf.getvalue()
 
 
-def native_with(tmp_path, **changes) -> bytes:
-    """The native fixture with arrays replaced or (value None) removed."""
-    with np.load(NATIVE, allow_pickle=False) as z:
+def npz_with(path, **changes) -> bytes:
+    """An npz fixture with arrays replaced or (value None) removed."""
+    with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     for k, v in changes.items():
         if v is None:
@@ -359,6 +359,11 @@ def native_with(tmp_path, **changes) -> bytes:
         else:
             arrays[k] = v
     return npz_bytes(**arrays)
+
+
+def native_with(tmp_path, **changes) -> bytes:
+    """The native fixture with arrays replaced or (value None) removed."""
+    return npz_with(NATIVE, **changes)
 
 
 def meta_bytes(obj) -> np.ndarray:
@@ -373,14 +378,7 @@ def native_meta(**over):
 
 
 def raw_with(**changes) -> bytes:
-    with np.load(RAW, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    for k, v in changes.items():
-        if v is None:
-            arrays.pop(k)
-        else:
-            arrays[k] = v
-    return npz_bytes(**arrays)
+    return npz_with(RAW, **changes)
 
 
 BAD_FILES = {
