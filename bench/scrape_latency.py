@@ -60,17 +60,18 @@ def main() -> None:
     ap.add_argument("--series", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--scrapers", type=int, default=8)
+    ap.add_argument("--window-interval-s", type=float, default=1.0, help="the demo's default; live CUPTI: 10 s")
     ap.add_argument("--out", default=str(ROOT / "bench/results/scrape-latency.json"))
     args = ap.parse_args()
     # ~ (27 buckets + 2) gap lines + 6 quantile lines + neg per (graph, stream), ~ 180 per graph for replays
-    n_graphs = max(1, round(args.series / 152))  # ~152 sample lines per 4-stream graph
+    n_graphs = max(1, round(args.series / 250))  # ~250 sample lines per 4-stream graph
     trace = trace_for_series(n_graphs)
     # The server runs in its own process (as in production), so scraper threads don't share its GIL.
     tmp = Path(tempfile.mkdtemp()) / "bench.graphmon.npz"
     trace.save(tmp)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(tmp), "--port", str(port),
-                             "--window-interval-s", "0.2", "--speed", "0.05"], stderr=subprocess.DEVNULL)
+                             "--window-interval-s", str(args.window_interval_s), "--speed", "0.05"], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     status = f"http://127.0.0.1:{port}/status"
     deadline = time.monotonic() + 60
@@ -118,8 +119,10 @@ def main() -> None:
         "latency_ms": {"p50": round(float(np.percentile(ms, 50)), 2), "p90": round(float(np.percentile(ms, 90)), 2),
                        "p99": round(float(np.percentile(ms, 99)), 2), "max": round(float(ms.max()), 2)},
         "machine": {"cpu": platform.machine(), "python": platform.python_version()},
-        "command": f"python bench/scrape_latency.py --series {args.series} --seconds {args.seconds:g}",
-        "note": "server in its own process, ingesting a window every 0.2 s; the 8 scraper threads share the "
+        "command": f"python bench/scrape_latency.py --series {args.series} --seconds {args.seconds:g} "
+                   f"--window-interval-s {args.window_interval_s:g}",
+        "window_interval_s": args.window_interval_s,
+        "note": "server in its own process, ingesting windows meanwhile; the 8 scraper threads share the "
                 "machine's 2 cores with it; latency includes the client's HTTP handling",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Optional
 
-from .metrics import make_registry
+from .metrics import make_registry, render_text
 from .settings import Settings
 from .snapshot import Aggregator, Snapshot, TraceStore
 from .sources.base import Source
@@ -31,6 +31,10 @@ class Exporter:
             backend_info=_safe_info(source),
         )
         self.registry = make_registry(self.aggregator.snapshot)
+        # /metrics text rendered once per snapshot, by the thread that published it, so a scrape
+        # only copies bytes: content type -> (snapshot, body).
+        self.rendered: dict = {}
+        self.aggregator.on_publish.append(self._prerender)
         from .server import create_app  # FastAPI import stays off the analysis path
 
         self.app = create_app(self)
@@ -42,6 +46,11 @@ class Exporter:
 
     def snapshot(self) -> Snapshot:
         return self.aggregator.snapshot()
+
+    def _prerender(self, snap: Snapshot) -> None:
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+        self.rendered[CONTENT_TYPE_LATEST] = (snap, render_text(make_registry(lambda: snap)))
 
     def start(self) -> None:
         if self.started:

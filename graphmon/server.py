@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Optional
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client.exposition import choose_encoder
+from starlette.concurrency import run_in_threadpool
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import CollectorRegistry
 from pydantic import BaseModel, Field, model_validator
 
 from . import __version__
-from .metrics import SnapshotCollector
+from .metrics import SnapshotCollector, make_registry, render_text
 from .sources.base import CaptureRequest
 
 if TYPE_CHECKING:
@@ -62,9 +63,9 @@ def create_app(exporter: "Exporter") -> FastAPI:
     settings = exporter.settings
     capture_lock = threading.Lock()
     trace_render_lock = threading.Lock()
-    # Rendered /metrics per (snapshot, content type): concurrent scrapers of one snapshot share one
-    # rendering. A race only renders twice; the snapshot itself is immutable.
-    rendered: dict = {}
+    # Rendered /metrics per content type: (snapshot, body). The exporter pre-renders the text format
+    # when it publishes a snapshot; other formats are rendered on first request and cached.
+    rendered = exporter.rendered
     # Fallback when rendering the full snapshot fails: graphmon_up, collector info and counters,
     # with the scrape errors counted so far (the snapshot itself predates them).
     health_registry = CollectorRegistry(auto_describe=False)
@@ -86,14 +87,20 @@ def create_app(exporter: "Exporter") -> FastAPI:
                                 status_code=500)
 
     @app.get("/metrics", summary="Prometheus metrics (OpenMetrics when asked via Accept)")
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
+        # async: a cached body is answered on the event loop, with no thread-pool hop.
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         snap = exporter.snapshot()
         cached = rendered.get(content_type)
         if cached is not None and cached[0] is snap:
             return Response(content=cached[1], media_type=content_type)
+        return await run_in_threadpool(render_metrics, encoder, content_type, snap)
+
+    def render_metrics(encoder, content_type: str, snap) -> Response:
         try:
-            body = encoder(exporter.registry)
+            if encoder is generate_latest:  # the text format: graphmon's faster, identical renderer
+                encoder = render_text
+            body = encoder(make_registry(lambda: snap))
             rendered[content_type] = (snap, body)
         except Exception as e:  # contained: count, and still answer with health metrics
             exporter.aggregator.count_error("scrape", e)

@@ -205,6 +205,9 @@ class Aggregator:
         self._folded: set = set()
         self._last_summary: tuple = ()
         self._waiters: dict[str, threading.Event] = {}
+        # Called with each newly published snapshot, outside the ingest lock (e.g. to pre-render
+        # /metrics off the scrape path). Exceptions are counted, never raised.
+        self.on_publish: list[Callable[[Snapshot], None]] = []
         self._snapshot = self._build_snapshot()
 
     # ------------------------------------------------------------------ public
@@ -227,6 +230,8 @@ class Aggregator:
                 self._snapshot = self._build_snapshot()
             except Exception as e:
                 self.count_error("snapshot", e)
+            snap = self._snapshot
+        self._published(snap)
         ev = self._waiters.pop(wid, None) if wid else None
         if ev is not None:
             ev.set()
@@ -255,8 +260,17 @@ class Aggregator:
         except Exception as e:
             self.count_error("snapshot", e)
         finally:
+            snap = self._snapshot
             self._lock.release()
+        self._published(snap)
         return True
+
+    def _published(self, snap: Snapshot) -> None:
+        for fn in list(self.on_publish):
+            try:
+                fn(snap)
+            except Exception as e:
+                self.count_error("publish", e)
 
     def wait_for(self, wid: str, timeout_s: float) -> bool:
         """Block until a window with this id has been ingested (used by captures)."""

@@ -7,7 +7,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from graphmon.metrics import make_registry
+from graphmon.metrics import make_registry, render_text
+from graphmon.trace import GraphInfo
 from graphmon.snapshot import Aggregator
 from graphmon.sources.base import SourceHealth, Window
 from graphmon.sources.readers import read_trace
@@ -82,3 +83,19 @@ def test_observer_slowdown_exported_when_known():
     agg.ingest(window(synthetic_trace(), observer_slowdown=1.125))
     fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
     assert fams["graphmon_observer_slowdown_ratio"].samples[0].value == 1.125
+
+
+def test_render_text_is_byte_identical_to_prometheus_client():
+    # The golden snapshot, and label values that need escaping (quote, backslash, newline, UTF-8).
+    src = ReplaySource(read_trace(NATIVE), interval_s=0.5, name="golden")
+    agg = Aggregator()
+    agg.ingest(src.next_window())
+    reg = make_registry(agg.snapshot)
+    assert render_text(reg) == generate_latest(reg)
+    t = synthetic_trace(n_streams=3)
+    t = t.with_graphs([GraphInfo(key="g1", graph_id=1, label='we"ird\\lab\nel \u00fc', upload_mode="lazy")])
+    agg = Aggregator(backend_info={"backend": 'a"b\\c'})
+    agg.ingest(window(t, observer_slowdown=1.5))
+    reg = make_registry(agg.snapshot)
+    assert render_text(reg) == generate_latest(reg)
+    assert '\\"' in render_text(reg).decode()
