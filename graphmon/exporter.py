@@ -50,6 +50,7 @@ class Exporter:
     def _prerender(self, snap: Snapshot) -> None:
         from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+        time.sleep(0)  # yield the GIL between building the snapshot and rendering it
         self.rendered[CONTENT_TYPE_LATEST] = (snap, render_text(make_registry(lambda: snap)))
 
     def start(self) -> None:
