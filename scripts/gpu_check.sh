@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
 
 echo "== GPU tests"
-timeout 200 $PY -m pytest tests/gpu -q -p no:cacheprovider -rA 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
+timeout 150 $PY -m pytest tests/gpu -q -p no:cacheprovider -rA 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
 
 echo "== graphmon run -- examples/decode_server.py, scraped live"
 $PY -m graphmon.cli run --port 9477 --interval-s 2 -- $PY examples/decode_server.py --seconds 24 > "$OUT/run.log" 2>&1 &
@@ -31,8 +31,8 @@ PY
 wait $RUN; echo "graphmon run exit code: $?"
 
 echo "== steady overhead (default sampling), interleaved arms"
-timeout 330 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
-  --overhead-rounds 8 --overhead-phase-s 10 2>&1 | tail -8
+timeout 200 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
+  --overhead-rounds 6 --overhead-phase-s 10 2>&1 | tail -8
 $PY -c "
 import json; r = json.load(open('$OUT/gpu-overhead-steady.json'))
 s = r['sections'].get('steady_overhead'); print('errors', r['errors'])
