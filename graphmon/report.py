@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .analysis import Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
+from .analysis import QUANTILES, Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
 
-SUMMARY_QS = (0.1, 0.5, 0.9, 0.99)
+SUMMARY_QS = QUANTILES  # p10, p50, p90, p99
 
 
 def _dist(values: np.ndarray) -> dict:
@@ -14,13 +14,14 @@ def _dist(values: np.ndarray) -> dict:
     return s
 
 
-def graphs_summary(a: Analysis) -> list[dict]:
+def graphs_summary(a: Analysis, gap_quantiles: np.ndarray | None = None) -> list[dict]:
     """Per (device, graph): replays, kernels per replay, span/busy/idle, and per-stream gaps."""
     t = a.trace
     names = t.graph_names()
     r = a.replays
     order, offsets, heads = replay_groups(r)
-    gq = grouped_quantiles(a.gaps.values, a.gaps.offsets, SUMMARY_QS)
+    # gap_quantiles: the SUMMARY_QS quantiles per gap group, when the caller already has them.
+    gq = grouped_quantiles(a.gaps.values, a.gaps.offsets, SUMMARY_QS) if gap_quantiles is None else gap_quantiles
     gsum = grouped_sums(a.gaps.values, a.gaps.offsets)
     neg = grouped_sums((a.gaps.values < 0).astype(np.int64), a.gaps.offsets)
     gmin, gmax = grouped_minmax(a.gaps.values, a.gaps.offsets) if len(a.gaps) else ([], [])

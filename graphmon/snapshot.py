@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
-from .analysis import NO_VALUE, Analysis, analyze, grouped_quantiles
+from .analysis import NO_VALUE, QUANTILES, Analysis, analyze, grouped_quantiles
 from .sources.base import SourceHealth, Window
 from .trace import Trace
 
@@ -47,7 +47,7 @@ REPLAY_KINDS = {  # metric kind -> (Replays field, buckets)
     "launch_latency": ("launch_latency_ns", IDLE_BUCKETS_NS),
     "inter_replay_gap": ("inter_replay_gap_ns", IDLE_BUCKETS_NS),
 }
-GAP_QUANTILES = (0.1, 0.5, 0.9, 0.99)
+GAP_QUANTILES = QUANTILES  # the same four as the analyze/status summary: one pass serves both
 REPLAY_QUANTILES = (0.5, 0.9, 0.99)
 OTHER = "other"
 ERROR_LOG_INTERVAL_S = 60.0  # contained errors: at most one log line per stage per this many seconds
@@ -301,10 +301,12 @@ class Aggregator:
         from .report import graphs_summary  # local: report imports analysis only
 
         _yield_gil()
-        summary = tuple(graphs_summary(a))
+        # One quantile pass serves /status's summary and the quantile metrics.
+        gq = grouped_quantiles(a.gaps.values, a.gaps.offsets, GAP_QUANTILES)
+        summary = tuple(graphs_summary(a, gq))
         _yield_gil()
         gseries = self._graph_series(a)
-        self._fold_gaps(a, gseries)
+        self._fold_gaps(a, gseries, gq)
         _yield_gil()
         self._fold_replays(a, gseries)
         self._seq += 1
@@ -362,14 +364,13 @@ class Aggregator:
         self._folded.add(("stream", d, graph, s))
         return OTHER
 
-    def _fold_gaps(self, a: Analysis, gseries) -> None:
+    def _fold_gaps(self, a: Analysis, gseries, q: np.ndarray) -> None:
         g = a.gaps
         if len(g) == 0:
             return
         counts = bucket_counts(g.values, g.group_of_values(), len(g), GAP_BUCKETS_NS)
         sums = np.add.reduceat(g.values, g.offsets[:-1])  # groups are never empty
         neg = np.add.reduceat((g.values < 0).astype(np.int64), g.offsets[:-1])
-        q = grouped_quantiles(g.values, g.offsets, GAP_QUANTILES)
         by_key: dict[tuple, list[int]] = {}
         for j in range(len(g)):
             gs = gseries[(int(g.device[j]), int(g.graph[j]))]
