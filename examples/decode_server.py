@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="uploaded,lazy,instantiate_upload")
     ap.add_argument("--attach", action="store_true", help="call graphmon.attach() from code")
     ap.add_argument("--port", type=int, default=9464)
+    ap.add_argument("--sync-every", type=int, default=8,
+                    help="synchronize every N steps (a step replays each graph once); larger = the CPU runs further ahead")
     args = ap.parse_args(argv)
 
     import graphmon
@@ -158,12 +160,13 @@ def main(argv=None) -> int:
     model = DecodeModel(layers=args.layers)
     graphs = build(model, [int(b) for b in args.batch_sizes.split(",")], args.modes.split(","))
     t0 = time.monotonic()
-    n = 0
+    n = steps = 0
     while time.monotonic() - t0 < args.seconds:
         for r in graphs:  # a decode step per batch-size bucket, like a serving loop
             r.replay()
             n += 1
-        if n % 64 == 0:
+        steps += 1
+        if steps % args.sync_every == 0:
             torch.cuda.synchronize()  # bound the queue as a server's per-step sync does
     torch.cuda.synchronize()
     from graphmon.attach import attached

@@ -8,11 +8,19 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
 
+SECTIONS=${GPU_CHECK_SECTIONS:-tests,live,overhead}
+SYNC_EVERY=${SYNC_EVERY:-8}
+has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
+
+if has tests; then
 echo "== GPU tests"
 timeout 150 $PY -m pytest tests/gpu -q -p no:cacheprovider -rA 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
 
-echo "== graphmon run -- examples/decode_server.py, scraped live"
-$PY -m graphmon.cli run --port 9477 --interval-s 2 -- $PY examples/decode_server.py --seconds 24 > "$OUT/run.log" 2>&1 &
+fi
+
+if has live; then
+echo "== graphmon run -- examples/decode_server.py --sync-every $SYNC_EVERY, scraped live"
+$PY -m graphmon.cli run --port 9477 --interval-s 2 -- $PY examples/decode_server.py --seconds 24 --sync-every "$SYNC_EVERY" > "$OUT/run.log" 2>&1 &
 RUN=$!
 sleep 18
 $PY - "$OUT" <<'PY'
@@ -23,13 +31,17 @@ open(f"{out}/live-metrics.txt", "w").write(m)
 st = json.load(urllib.request.urlopen("http://127.0.0.1:9477/status", timeout=10))
 json.dump(st, open(f"{out}/live-status.json", "w"), indent=1)
 modes = sorted({l.split('upload_mode="')[1].split('"')[0] for l in m.splitlines() if l.startswith("graphmon_kernel_gap_seconds_count")})
-print("live /metrics: state", st["state"], "windows", st["windows_total"], "upload modes with gap series:", modes)
+print("live /metrics: state", st["state"], "windows", st["windows_total"], "upload modes with gap series:", modes,
+      "invalid", st["records_invalid_total"], "errors", st["errors_total"])
+print("graphs in last window:", [(g["graph"], g["upload_mode"], g["replays"], g["kernels_per_replay"]) for g in st["graphs"]])
 for l in m.splitlines():
     if l.startswith("graphmon_kernel_gap_quantile_seconds{") and 'quantile="0.5"' in l:
         print("  ", l)
 PY
 wait $RUN; echo "graphmon run exit code: $?"
+fi
 
+if has overhead; then
 echo "== steady overhead (default sampling), interleaved arms"
 timeout 200 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
   --overhead-rounds 6 --overhead-phase-s 10 2>&1 | tail -8
@@ -37,3 +49,4 @@ $PY -c "
 import json; r = json.load(open('$OUT/gpu-overhead-steady.json'))
 s = r['sections'].get('steady_overhead'); print('errors', r['errors'])
 print('overhead %', s and round(s['overhead_pct'], 3), 'per-round', s and [round(x, 4) for x in s['per_round_ratio']], 'windows', s and s['windows_while_on'])"
+fi

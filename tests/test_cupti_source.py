@@ -349,3 +349,37 @@ def test_h200_recordings_hold_complete_labelled_replays(name, modes):
     assert (t.graph >= 0).all()
     assert set(u.tolist()) <= set(t.launches["correlation_id"].tolist())
     assert t.meta["windows"] == 4
+
+
+class QueuedEvents(FakeEvents):
+    """The window's last launch is still queued for `pending` queries (a loop ahead of the GPU)."""
+
+    def __init__(self, gpu, pending):
+        super().__init__(gpu)
+        self.pending, self.queries = pending, 0
+
+    def query(self, ctx, ev):
+        self.queries += 1
+        return self.queries > self.pending
+
+
+@pytest.mark.parametrize("pending,max_drain_ms,timed_out", [(20, 2000, False), (10**9, 60, True)])
+def test_drain_waits_for_the_windows_last_launch_bounded(pending, max_drain_ms, timed_out):
+    fake = FakeCupti()
+    ev = QueuedEvents(fake, pending)
+    windows = []
+    src = CuptiSource(cupti=fake, events=ev, registry=GraphRegistry(), window_launches=3, window_duration_ms=200,
+                      interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0, max_drain_ms=max_drain_ms)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    t0 = time.monotonic()
+    with Workload(fake, [h], period_s=0.002):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    assert ev.queries >= min(pending, 5)
+    if timed_out:
+        assert src.health().errors.get("drain_timeout", 0) >= 1
+        assert time.monotonic() - t0 < 5  # bounded by max_drain_ms, not by the queue
+    else:
+        assert ev.queries > pending and "drain_timeout" not in src.health().errors
+    assert len(windows[0].trace) > 0

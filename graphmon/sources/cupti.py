@@ -79,6 +79,17 @@ class CudaEvents:
     def record(self, ev: int, stream: int) -> bool:
         return self.lib.cuEventRecord(ctypes.c_void_p(ev), ctypes.c_void_p(stream)) == 0
 
+    def query(self, ctx: int, ev: int) -> Optional[bool]:
+        """True once the work before ``ev`` has run, False while it is pending, None if unknown."""
+        L = self.lib
+        pushed = L.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)) == 0
+        try:
+            rc = L.cuEventQuery(ctypes.c_void_p(ev))
+            return True if rc == 0 else False if rc == 600 else None  # 600: CUDA_ERROR_NOT_READY
+        finally:
+            if pushed:
+                L.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
     def elapsed_ms(self, ctx: int, ev0: int, ev1: int) -> Optional[float]:
         """Waits for ev1, returns ev1 - ev0 in ms, or None if not measurable."""
         L = self.lib
@@ -113,6 +124,7 @@ class CuptiSource(Source):
         max_buffers: int = 32,
         max_window_records: int = 2_000_000,
         drain_ms: float = 10.0,
+        max_drain_ms: float = 250.0,
         observer: str = "events",  # "events" | "off"
         max_timed_launches: int = 256,
         blocked_retry_s: float = 30.0,
@@ -133,6 +145,7 @@ class CuptiSource(Source):
         self.max_buffers = int(max_buffers)
         self.max_window_records = int(max_window_records)
         self.drain_ms = float(drain_ms)
+        self.max_drain_ms = float(max_drain_ms)
         self.observer = observer
         self.max_timed_launches = int(max_timed_launches)
         self.blocked_retry_s = float(blocked_retry_s)
@@ -380,8 +393,8 @@ class CuptiSource(Source):
         # Kernels of launches already made may still be queued on the GPU: keep tracing a little
         # (launches from now on are left out of the window) so that their replays complete.
         self._closing = True
-        if self.drain_ms > 0 and not self._stop.is_set():
-            time.sleep(self.drain_ms / 1e3)
+        if not self._stop.is_set():
+            self._drain()
         flush_ms = self._end_window_tracing()
         self._closing = False
         ended = wall_time()
@@ -431,6 +444,35 @@ class CuptiSource(Source):
                     self.count_error("buffers_full")  # close early: bounded memory
                     return
             time.sleep(step)
+
+    def _drain(self) -> None:
+        """Keep tracing until the window's launches have run on the GPU, then flush.
+
+        A serving loop can run tens of ms ahead of the GPU; a forced flush before its kernels ran
+        would return them with zero timestamps (seen on the H200 with a 290 ms deep queue). With
+        event timing on, wait for the end event of the window's last timed launch (bounded by
+        ``max_drain_ms``); otherwise wait the fixed ``drain_ms``.
+        """
+        query = getattr(self.events, "query", None)
+        last = next((t for t in reversed(self._timed) if t[0] == "win"), None)
+        if query is None or last is None:
+            if self.drain_ms > 0:
+                time.sleep(self.drain_ms / 1e3)
+            return
+        _, _, ctx, _, e1 = last
+        deadline = time.perf_counter() + max(self.drain_ms, self.max_drain_ms) / 1e3
+        while not self._stop.is_set():
+            try:
+                done = query(ctx, e1)
+            except Exception:
+                self.count_error("drain_query")
+                done = None
+            if done is not False:  # ran, or cannot tell: stop waiting
+                break
+            if time.perf_counter() >= deadline:
+                self.count_error("drain_timeout")  # what is still queued comes back incomplete
+                break
+            time.sleep(0.001)
 
     def _end_window_tracing(self) -> float:
         c = self.cupti
