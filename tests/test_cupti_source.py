@@ -383,3 +383,20 @@ def test_drain_waits_for_the_windows_last_launch_bounded(pending, max_drain_ms, 
     else:
         assert ev.queries > pending and "drain_timeout" not in src.health().errors
     assert len(windows[0].trace) > 0
+
+
+def test_complete_replays_uses_the_usual_count_and_ignores_correlation_zero():
+    from graphmon.sources.cupti import complete_replays
+
+    # graph 5: four real replays of 3 kernels (corr 1-4) and one correlation carrying 9 kernels
+    # (several launches' kernels under one id, as seen on the H200 with a deep queue): the real
+    # replays are kept, the overfull one is excluded and counted.
+    corr = np.array([1] * 3 + [2] * 3 + [3] * 3 + [4] * 3 + [9] * 9 + [0] * 2)
+    gid = np.full(len(corr), 5)
+    keep, inv = complete_replays(gid, corr, np.array([0, 1, 2, 3, 4, 9]))
+    assert keep.tolist() == [True] * 12 + [False] * 11
+    assert inv == {"overfull_replay": 9, "no_correlation": 2}
+    # a tie between a complete and a cut replay keeps the complete one
+    corr = np.array([1, 1, 1, 2, 2])
+    keep, inv = complete_replays(np.full(5, 5), corr, np.array([1, 2]))
+    assert keep.tolist() == [True, True, True, False, False] and inv == {"partial_replay": 2}

@@ -765,37 +765,54 @@ INGEST_CHUNK = 1024  # records converted per GIL hold in the buffer-completed ca
 # the launch still running when it was disabled, are missing. Such replays are excluded and counted.
 INVALID_BEFORE_WINDOW = "launched_outside_window"
 INVALID_PARTIAL_REPLAY = "partial_replay"
+INVALID_NO_CORRELATION = "no_correlation"
+INVALID_OVERFULL_REPLAY = "overfull_replay"
 
 
 def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None):
     """Mask of kernels to keep + counts of excluded ones by reason. Graph kernels are kept when
-    their launch was seen inside the window and their replay has the graph's full kernel count
-    (the most kernels any replay of that graph had in the window). Kernels that are not
-    ``valid`` (e.g. zero timestamps: launched but not run before tracing stopped) do not count
-    towards a replay's kernels; they are left for Trace.build to exclude under their reason."""
+    their launch was seen inside the window and their replay has the graph's usual kernel count
+    in the window (the most common count among its replays). Kernels that are not ``valid``
+    (e.g. zero timestamps: launched but not run before tracing stopped) do not count towards a
+    replay's kernels; they are left for Trace.build to exclude under their reason.
+
+    Why the most common count and not the largest: on the H200, with a loop running far ahead of
+    the GPU, one correlation id once carried ~10 launches' kernels (9,924 on 19 streams); taking
+    the largest count as "complete" then dropped every real replay. Correlation id 0 means "not
+    correlated" in CUPTI and never identifies a launch."""
     n = len(corr)
     keep = np.ones(n, dtype=bool)
     invalid: dict[str, int] = {}
     g = graph_id > 0
     if not g.any():
         return keep, invalid
-    before = g & ~np.isin(corr, launch_corr)  # launched before the window opened or after it closed
+    nocorr = g & (corr == 0)
+    if nocorr.any():
+        invalid[INVALID_NO_CORRELATION] = int(nocorr.sum())
+        keep &= ~nocorr
+    launch_corr = launch_corr[launch_corr != 0]
+    before = keep & g & ~np.isin(corr, launch_corr)  # launched before the window opened or after it closed
     if before.any():
         invalid[INVALID_BEFORE_WINDOW] = int(before.sum())
         keep &= ~before
     sel = np.flatnonzero(keep & g & (True if valid is None else valid))
     if len(sel):
         u, inv, cnt = np.unique(corr[sel], return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
         gid_of = np.zeros(len(u), np.int64)
         gid_of[inv] = graph_id[sel]
-        full = {}
-        for gi, c in zip(gid_of.tolist(), cnt.tolist()):
-            full[gi] = max(full.get(gi, 0), c)
-        short = cnt < np.array([full[gi] for gi in gid_of.tolist()])
-        drop = short[inv]
-        if drop.any():
-            invalid[INVALID_PARTIAL_REPLAY] = int(drop.sum())
-            keep[sel[drop]] = False
+        usual = {}
+        for gi in np.unique(gid_of).tolist():
+            c = cnt[gid_of == gi]
+            vals, freq = np.unique(c, return_counts=True)
+            # most common count; ties go to the larger count (a complete replay beats a cut one)
+            usual[gi] = int(vals[np.flatnonzero(freq == freq.max())[-1]])
+        want = np.array([usual[gi] for gi in gid_of.tolist()])
+        for reason, bad in ((INVALID_PARTIAL_REPLAY, cnt < want), (INVALID_OVERFULL_REPLAY, cnt > want)):
+            drop = bad[inv]
+            if drop.any():
+                invalid[reason] = int(drop.sum())
+                keep[sel[drop]] = False
     return keep, invalid
 
 
