@@ -154,22 +154,15 @@ def test_capture_request_tagged_and_bounded_by_replays():
     assert w.ended_s >= w.started_s
 
 
-def test_observer_slowdown_measured_with_events():
-    fake, src, windows = make(FakeCupti(trace_slowdown=1.25))
+@pytest.mark.parametrize("slowdown", [1.25, 1.0])
+def test_observer_slowdown_measured_with_events(slowdown):
+    fake, src, windows = make(FakeCupti(trace_slowdown=slowdown))
     src.start(windows.append)
     h = fake.instantiate(decode_like(3))
     with Workload(fake, [h]):
         assert wait_for(lambda: len(windows) >= 2)
     src.stop()
-    assert windows[1].observer_slowdown == pytest.approx(1.25, rel=0.01)
-
-    fake, src, windows = make(FakeCupti(trace_slowdown=1.0))
-    src.start(windows.append)
-    h = fake.instantiate(decode_like(3))
-    with Workload(fake, [h]):
-        assert wait_for(lambda: len(windows) >= 2)
-    src.stop()
-    assert windows[1].observer_slowdown == pytest.approx(1.0, rel=0.01)
+    assert windows[1].observer_slowdown == pytest.approx(slowdown, rel=0.01)
 
 
 def test_no_events_on_capturing_streams():
