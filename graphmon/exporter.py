@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Optional
 
-from .metrics import make_registry, render_text
+from .metrics import TEXT_CONTENT_TYPE, make_registry, render_text
 from .settings import Settings
 from .snapshot import Aggregator, Snapshot, TraceStore
 from .sources.base import Source
@@ -30,7 +30,6 @@ class Exporter:
             health=source.health,
             backend_info=_safe_info(source),
         )
-        self.registry = make_registry(self.aggregator.snapshot)
         # /metrics text rendered once per snapshot, by the thread that published it, so a scrape
         # only copies bytes: content type -> (snapshot, body).
         self.rendered: dict = {}
@@ -48,10 +47,8 @@ class Exporter:
         return self.aggregator.snapshot()
 
     def _prerender(self, snap: Snapshot) -> None:
-        from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
         time.sleep(0)  # yield the GIL between building the snapshot and rendering it
-        self.rendered[CONTENT_TYPE_LATEST] = (snap, render_text(make_registry(lambda: snap)))
+        self.rendered[TEXT_CONTENT_TYPE] = (snap, render_text(make_registry(lambda: snap)))
 
     def start(self) -> None:
         if self.started:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
@@ -22,6 +23,9 @@ from .snapshot import (
 )
 
 NS = 1e-9
+# The content type a plain scrape (no OpenMetrics Accept) is answered with: the key under which the
+# pre-rendered text body is cached. Not CONTENT_TYPE_LATEST, whose version differs in 0.2x.
+TEXT_CONTENT_TYPE = choose_encoder("")[1]
 GRAPH_LABELS = ["rank", "device", "graph", "upload_mode"]
 STREAM_LABELS = ["rank", "device", "graph", "stream", "upload_mode"]
 REPLAY_METRICS = {

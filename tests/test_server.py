@@ -230,3 +230,18 @@ def test_background_server_listens_and_stops():
         ex.stop(timeout_s=5)
         assert time.monotonic() - t0 < 5.5
     assert not ex._server_thread.is_alive()
+
+
+def test_plain_scrape_is_served_from_the_prerendered_body(monkeypatch):
+    ex, c = make(synthetic_trace())
+    ex.aggregator.ingest(window(synthetic_trace()))
+    snap = ex.snapshot()
+
+    def no_render(*a, **k):  # a cache miss would render on the request path
+        raise AssertionError("scrape rendered instead of using the pre-rendered body")
+
+    monkeypatch.setattr("graphmon.server.render_text", no_render)
+    r = c.get("/metrics")
+    assert r.status_code == 200 and "graphmon_kernel_gap_seconds_bucket" in r.text
+    cached = ex.rendered[r.headers["content-type"]]
+    assert cached[0] is snap and cached[1] == r.content
