@@ -1,5 +1,6 @@
 """CuptiSource driven by a fake cupti (tests/fake_cupti.py) on the CPU."""
 
+import ctypes
 import threading
 import time
 
@@ -393,3 +394,38 @@ def test_complete_replays_uses_the_usual_count_and_ignores_correlation_zero():
     corr = np.array([1, 1, 1, 2, 2])
     keep, inv = complete_replays(np.full(5, 5), corr, np.array([1, 2]))
     assert keep.tolist() == [True, True, True, False, False] and inv == {"partial_replay": 2}
+
+
+class _StubLibcuda:
+    """Just the driver calls CudaEvents makes; tracks the context stack depth."""
+
+    def __init__(self, query_rc=0, sync_rc=0):
+        self.depth, self.query_rc, self.sync_rc = 0, query_rc, sync_rc
+
+    def cuCtxPushCurrent_v2(self, ctx):
+        self.depth += 1
+        return 0
+
+    def cuCtxPopCurrent_v2(self, out):
+        self.depth -= 1
+        return 0
+
+    def cuEventQuery(self, ev):
+        return self.query_rc
+
+    def cuEventSynchronize(self, ev):
+        return self.sync_rc
+
+    def cuEventElapsedTime_v2(self, out, e0, e1):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_float))[0] = 1.5
+        return 0
+
+
+@pytest.mark.parametrize("rc,want", [(0, True), (600, False), (1, None)])
+def test_cuda_events_query_and_context_balance(rc, want):
+    from graphmon.sources.cupti import CudaEvents
+
+    lib = _StubLibcuda(query_rc=rc)
+    assert CudaEvents(lib).query(1, 2) is want and lib.depth == 0
+    lib = _StubLibcuda(sync_rc=rc)
+    assert CudaEvents(lib).elapsed_ms(1, 2, 3) == (1.5 if rc == 0 else None) and lib.depth == 0

@@ -25,6 +25,7 @@ it does, and why:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -79,31 +80,32 @@ class CudaEvents:
     def record(self, ev: int, stream: int) -> bool:
         return self.lib.cuEventRecord(ctypes.c_void_p(ev), ctypes.c_void_p(stream)) == 0
 
-    def query(self, ctx: int, ev: int) -> Optional[bool]:
-        """True once the work before ``ev`` has run, False while it is pending, None if unknown."""
+    @contextlib.contextmanager
+    def _current(self, ctx: int):
+        """Make ``ctx`` current on this (graphmon's) thread for the duration, if it can be."""
         L = self.lib
         pushed = L.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)) == 0
         try:
-            rc = L.cuEventQuery(ctypes.c_void_p(ev))
-            return True if rc == 0 else False if rc == 600 else None  # 600: CUDA_ERROR_NOT_READY
+            yield L
         finally:
             if pushed:
                 L.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
+    def query(self, ctx: int, ev: int) -> Optional[bool]:
+        """True once the work before ``ev`` has run, False while it is pending, None if unknown."""
+        with self._current(ctx) as L:
+            rc = L.cuEventQuery(ctypes.c_void_p(ev))
+        return True if rc == 0 else False if rc == 600 else None  # 600: CUDA_ERROR_NOT_READY
+
     def elapsed_ms(self, ctx: int, ev0: int, ev1: int) -> Optional[float]:
         """Waits for ev1, returns ev1 - ev0 in ms, or None if not measurable."""
-        L = self.lib
-        pushed = L.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)) == 0
-        try:
+        with self._current(ctx) as L:
             if L.cuEventSynchronize(ctypes.c_void_p(ev1)):
                 return None
             ms = ctypes.c_float(0)
             if self._elapsed(ctypes.byref(ms), ctypes.c_void_p(ev0), ctypes.c_void_p(ev1)):
                 return None
             return float(ms.value)
-        finally:
-            if pushed:
-                L.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
 class CuptiSource(Source):
