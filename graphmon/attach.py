@@ -116,8 +116,13 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
             warnings.warn("graphmon is already attached in this process; attach() ignored", stacklevel=2)
             return _state.exporter or _state.source
         try:
-            from .sources.cupti import CuptiSource
+            from .sources.cupti import CuptiSource, preload_library
 
+            if cupti is None:
+                try:  # before the host imports torch (graphmon run): cupti-python's own libcupti
+                    preload_library()
+                except Exception:
+                    pass  # cupti-python/cuda-pathfinder missing: the source reports it as its state
             src_kw = {k: settings.pop(k) for k in list(settings) if k in SOURCE_KEYS}
             source = CuptiSource(cupti=cupti, **src_kw)
             recorder = exporter = None

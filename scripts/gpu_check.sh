@@ -8,9 +8,15 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
 
-SECTIONS=${GPU_CHECK_SECTIONS:-tests,live,overhead}
+SECTIONS=${GPU_CHECK_SECTIONS:-sessions,tests,live,overhead}
 SYNC_EVERY=${SYNC_EVERY:-8}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
+
+if has sessions; then
+echo "== CUPTI correlation ids across windows (bench/cupti_sessions.py), torch first / libcupti preloaded"
+timeout 120 $PY bench/cupti_sessions.py --out "$OUT" 2>&1 | tail -12
+timeout 120 $PY bench/cupti_sessions.py --out "$OUT" --preload 2>&1 | tail -12
+fi
 
 if has tests; then
 echo "== GPU tests"

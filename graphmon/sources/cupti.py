@@ -55,6 +55,66 @@ def _load_cupti():
     return cupti
 
 
+def preload_library() -> str:
+    """Load the libcupti that cupti-python would pick, now, and return its path.
+
+    Whoever loads libcupti first wins for the whole process: torch's Kineto loads the one in
+    torch's own wheel set when it needs it, and cupti-python (through cuda-pathfinder) then reuses
+    whatever is already loaded. Calling this before the application imports torch (``graphmon
+    run`` does, from its sitecustomize) makes the process use cupti-python's own libcupti."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    return str(load_nvidia_dynamic_lib("cupti").abs_path)
+
+
+def library_info(maps_path: str = "/proc/self/maps") -> dict[str, str]:
+    """The libcupti loaded in this process: path, the nvidia-cuda-cupti wheel version that
+    shipped it (when it came from one) and cuptiGetVersion's API version. Empty when none is
+    loaded. Never raises."""
+    out: dict[str, str] = {}
+    try:
+        with open(maps_path) as fh:
+            paths = sorted({ln.split(None, 5)[-1].strip() for ln in fh if "libcupti.so" in ln})
+    except OSError:
+        return out
+    paths = [p for p in paths if p.startswith("/")]
+    if not paths:
+        return out
+    out["cupti_lib"] = paths[0]
+    if len(paths) > 1:
+        out["cupti_libs_loaded"] = str(len(paths))  # two copies in one process: say so
+    ver = wheel_version_of(paths[0])
+    if ver:
+        out["cupti_lib_version"] = ver
+    try:
+        v = ctypes.c_uint32(0)
+        if ctypes.CDLL(paths[0]).cuptiGetVersion(ctypes.byref(v)) == 0:
+            out["cupti_api_version"] = str(v.value)
+    except Exception:
+        pass  # not callable here: the path and wheel version still say which library it is
+    return out
+
+
+def wheel_version_of(lib_path: str) -> str:
+    """Version of the nvidia-cuda-cupti wheel whose RECORD lists ``lib_path``, or ''."""
+    import glob
+    import os
+
+    marker = f"{os.sep}nvidia{os.sep}"
+    if marker not in lib_path:
+        return ""
+    root = lib_path[: lib_path.rindex(marker)]
+    rel = os.path.relpath(lib_path, root)
+    for d in sorted(glob.glob(os.path.join(root, "nvidia_cuda_cupti*-*.dist-info"))):
+        try:
+            with open(os.path.join(d, "RECORD")) as fh:
+                if any(line.split(",", 1)[0] == rel for line in fh):
+                    return os.path.basename(d)[: -len(".dist-info")].split("-", 1)[1]
+        except OSError:
+            continue
+    return ""
+
+
 class CudaEvents:
     """Minimal driver-API event timing through ctypes (libcuda). Injectable for tests."""
 
@@ -131,6 +191,7 @@ class CuptiSource(Source):
         max_timed_launches: int = 256,
         blocked_retry_s: float = 30.0,
         poll_s: float = 0.05,
+        keep_raw: bool = False,
     ) -> None:
         super().__init__()
         self._cupti_arg = cupti
@@ -152,6 +213,9 @@ class CuptiSource(Source):
         self.max_timed_launches = int(max_timed_launches)
         self.blocked_retry_s = float(blocked_retry_s)
         self.poll_s = float(poll_s)
+        self.keep_raw = bool(keep_raw)  # diagnostics: keep each window's unfiltered records
+        self.last_raw: Optional[dict[str, Any]] = None
+        self._lib_info: dict[str, str] = {}
 
         self._sink: Optional[Sink] = None
         self._thread: Optional[threading.Thread] = None
@@ -207,6 +271,7 @@ class CuptiSource(Source):
             out["cupti_python"] = version("cupti-python")
         except Exception:
             pass  # not installed (tests with a fake), or metadata unreadable
+        out.update(self._lib_info)
         return out
 
     def start(self, sink: Sink) -> None:
@@ -299,6 +364,8 @@ class CuptiSource(Source):
                 self._teardown()
                 self.set_state("blocked", f"cupti setup failed: {e}")
                 return False
+            if self._cupti_arg is None:
+                self._lib_info = library_info()  # which libcupti won the load (collector_info)
             self.set_state("running")
             return True
         except Exception as e:
@@ -530,6 +597,13 @@ class CuptiSource(Source):
             "stream": np.array([self._stream_id_of(l[3]) for l in launches], np.int64),
         }
         meta = {"source": "cupti", "capture_id": req.id if req is not None else None}
+        if self.keep_raw:
+            self.last_raw = {
+                "start_ns": start, "end_ns": end, "stream": stream, "device": device, "graph_id": gid,
+                "graph_node_id": gnode, "correlation_id": corr, "name_id": name_id,
+                "launch_correlation_id": lc["correlation_id"], "launch_graph_id": np.array(
+                    [exec_gid[l[1]] for l in launches], np.int64), "launch_ns": lc["launch_ns"],
+            }
         keep, invalid = complete_replays(gid, corr, lc["correlation_id"], valid=(start > 0) & (end >= start))
         if not keep.all():
             start, end, stream, device, gid, gnode, corr, name_id = (
