@@ -10,7 +10,7 @@ own correlation id, plus which libcupti the process loaded.
 
     python bench/cupti_sessions.py --out DIR [--preload] [--windows 6]
 
-``--preload`` loads cupti-python's libcupti before torch is imported (what ``graphmon run`` and
+``--lib PATH`` loads that libcupti first (e.g. the one torch's wheels ship). ``--preload`` loads cupti-python's libcupti before torch is imported (what ``graphmon run`` and
 ``attach()`` do); without it torch is imported first. Writes DIR/cupti-sessions-<mode>.json and
 the raw records of every window (DIR/cupti-sessions-<mode>.npz).
 """
@@ -66,14 +66,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--preload", action="store_true")
+    ap.add_argument("--lib", default="", help="load this libcupti first (e.g. torch's own), then run")
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    mode = "preload" if a.preload else "torch-first"
     from graphmon.sources import cupti as gc
 
-    R: dict = {"mode": mode, "libs": {}}
+    mode = "preload" if a.preload else "torch-first"
+    R: dict = {"libs": {}}
+    if a.lib:
+        import ctypes
+
+        ctypes.CDLL(a.lib, mode=ctypes.RTLD_GLOBAL)
+        mode = f"lib-{gc.wheel_version_of(os.path.realpath(a.lib)) or 'given'}"
+    R["mode"] = mode
     if a.preload:
         R["libs"]["preloaded"] = gc.preload_library()
     import torch
