@@ -14,10 +14,10 @@ has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 
 if has sessions; then
 echo "== CUPTI correlation ids across windows (bench/cupti_sessions.py), torch first / libcupti preloaded"
-timeout 120 $PY bench/cupti_sessions.py --out "$OUT" 2>&1 | tail -12
-timeout 120 $PY bench/cupti_sessions.py --out "$OUT" --preload 2>&1 | tail -12
+timeout 90 $PY bench/cupti_sessions.py --out "$OUT" 2>&1 | tail -12
+timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --preload 2>&1 | tail -12
 TORCH_CUPTI=$($PY -c "import glob, os, torch; print((glob.glob(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', '*', 'lib', 'libcupti.so*')) + [''])[0])")
-[ -n "$TORCH_CUPTI" ] && timeout 120 $PY bench/cupti_sessions.py --out "$OUT" --lib "$TORCH_CUPTI" 2>&1 | tail -12
+[ -n "$TORCH_CUPTI" ] && timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --lib "$TORCH_CUPTI" 2>&1 | tail -12
 fi
 
 if has tests; then
