@@ -8,11 +8,10 @@ CuptiSource (keep_raw) over uploaded and lazy decode graphs, with the host in st
 and far ahead of it, and reports per window whether every launch's kernels came back under its
 own correlation id, plus which libcupti the process loaded.
 
-    python bench/cupti_sessions.py --out DIR [--preload] [--windows 6]
+    python bench/cupti_sessions.py --out DIR [--close drain_first|disable_first] [--windows 6]
 
-``--lib PATH`` loads that libcupti first (e.g. the one torch's wheels ship). ``--preload`` loads cupti-python's libcupti before torch is imported (what ``graphmon run`` and
-``attach()`` do); without it torch is imported first. Writes DIR/cupti-sessions-<mode>.json and
-the raw records of every window (DIR/cupti-sessions-<mode>.npz).
+Writes DIR/cupti-sessions-<close>.json and the raw records of every window
+(DIR/cupti-sessions-<close>.npz).
 """
 
 from __future__ import annotations
@@ -65,24 +64,15 @@ def window_stats(raw: dict, trace) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--preload", action="store_true")
-    ap.add_argument("--lib", default="", help="load this libcupti first (e.g. torch's own), then run")
+    ap.add_argument("--close", default="drain_first", choices=("drain_first", "disable_first"))
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     from graphmon.sources import cupti as gc
 
-    mode = "preload" if a.preload else "torch-first"
-    R: dict = {"libs": {}}
-    if a.lib:
-        import ctypes
-
-        ctypes.CDLL(a.lib, mode=ctypes.RTLD_GLOBAL)
-        mode = f"lib-{gc.wheel_version_of(os.path.realpath(a.lib)) or 'given'}"
-    R["mode"] = mode
-    if a.preload:
-        R["libs"]["preloaded"] = gc.preload_library()
+    mode = a.close
+    R: dict = {"mode": mode, "libs": {}}
     import torch
 
     torch.cuda.init()
@@ -91,7 +81,7 @@ def main(argv=None) -> int:
 
     from graphmon.sources.base import CaptureRequest
 
-    src = gc.CuptiSource(interval_s=3600.0, first_window_s=3600.0, keep_raw=True)
+    src = gc.CuptiSource(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, close=a.close)
     windows: list = []
     src.start(windows.append)
     t0 = time.monotonic()
@@ -125,6 +115,9 @@ def main(argv=None) -> int:
             continue
         st = window_stats(src.last_raw, windows[-1].trace)
         st["sync_every"] = sync_every
+        st["window_ms"] = src.stats["last_window_ms"]
+        st["flush_ms"] = src.stats["last_flush_ms"]
+        st["ingest"] = {k: src.stats[k] for k in ("ingest_buffer_view", "ingest_objects", "ingest_records_per_s")}
         R["windows"].append(st)
         for k, v in src.last_raw.items():
             raws[f"w{w}_{k}"] = v

@@ -28,6 +28,7 @@ import traceback
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import decode_server as ds  # noqa: E402
 
@@ -126,6 +127,8 @@ def main() -> int:
     ap.add_argument("--overhead-rounds", type=int, default=6)
     ap.add_argument("--overhead-phase-s", type=float, default=6.0)
     ap.add_argument("--sections", default="", help="comma-separated subset of sections to run")
+    ap.add_argument("--overhead-arms", default="off,on",
+                    help="steady-overhead arms, interleaved: off, on (default settings), or on:KEY=VALUE[:KEY=VALUE]")
     ap.add_argument("--json-name", default="gpu-overhead.json")
     args = ap.parse_args()
     SELECTED.update(x for x in args.sections.split(",") if x)
@@ -229,16 +232,21 @@ def main() -> int:
         for r in inst:
             r.replay()
         timed_replays(inst, 60)
-        arms = {"off": [], "on": []}
-        windows_on = 0
-        slow = []
+        arm_names = [a for a in args.overhead_arms.split(",") if a]
+        arms = {a: [] for a in arm_names}
+        windows_on = {a: 0 for a in arm_names}
+        slow = {a: [] for a in arm_names}
+        paths = {a: {} for a in arm_names}
         for rnd in range(args.overhead_rounds):
-            order = ("off", "on") if rnd % 2 == 0 else ("on", "off")
+            k = rnd % len(arm_names)
+            order = arm_names[k:] + arm_names[:k]  # rotate: every arm in every position
+            if rnd % 2:
+                order = order[::-1]
             for arm in order:
-                if arm == "on":
-                    graphmon.attach(port=0)  # default sampling settings
+                ws = []
+                if arm != "off":
+                    graphmon.attach(port=0, **_arm_settings(arm))
                     s = attached().source
-                    ws = []
                     s.taps.append(ws.append)
                 t0 = time.monotonic()
                 tot, n = 0.0, 0
@@ -247,21 +255,25 @@ def main() -> int:
                     tot += ms.sum()
                     n += len(ms)
                 arms[arm].append(tot / n)
-                if arm == "on":
-                    windows_on += len(ws)
-                    slow += [x.observer_slowdown for x in ws if x.observer_slowdown]
+                if arm != "off":
+                    windows_on[arm] += len(ws)
+                    slow[arm] += [x.observer_slowdown for x in ws if x.observer_slowdown]
+                    for key in ("ingest_buffer_view", "ingest_objects", "last_flush_ms", "ingest_records_per_s"):
+                        paths[arm][key] = s.stats.get(key)
                     graphmon.detach()
-        off, on = np.array(arms["off"]), np.array(arms["on"])
-        ratios = on / off
-        return {
-            "mean_replay_ms_off": arms["off"], "mean_replay_ms_on": arms["on"],
-            "overhead_ratio_mean": float(on.mean() / off.mean()),
-            "overhead_pct": float((on.mean() / off.mean() - 1) * 100),
-            "per_round_ratio": ratios.tolist(),
-            "windows_while_on": windows_on, "observer_slowdowns_seen": slow,
-            "phase_s": args.overhead_phase_s, "rounds": args.overhead_rounds,
-            "defaults": _defaults(),
-        }
+        off = np.array(arms["off"])
+        res = {"mean_replay_ms": arms, "phase_s": args.overhead_phase_s, "rounds": args.overhead_rounds,
+               "defaults": _defaults(), "arms": {}}
+        for arm in arm_names:
+            if arm == "off":
+                continue
+            on = np.array(arms[arm])
+            res["arms"][arm] = {
+                "overhead_pct": float((on.mean() / off.mean() - 1) * 100),
+                "per_round_ratio": (on / off).tolist(),
+                "windows": windows_on[arm], "observer_slowdowns_seen": slow[arm], "ingest": paths[arm],
+            }
+        return res
 
     # ---------------------------------------------------------------- 5. ingest rate
     @section("ingest", out)
@@ -283,6 +295,8 @@ def main() -> int:
             w = ws[-1]
             res[f"replays_{reps}"] = {"records": len(w.trace), "dropped": w.dropped,
                                       "ingest_records_per_s": s.stats["ingest_records_per_s"],
+                                      "ingest_buffer_view": s.stats["ingest_buffer_view"],
+                                      "ingest_objects": s.stats["ingest_objects"],
                                       "flush_ms": s.stats["last_flush_ms"], "window_ms": s.stats["last_window_ms"]}
         graphmon.detach()
         return res
@@ -354,13 +368,26 @@ def main() -> int:
     return 0
 
 
+def _arm_settings(arm: str) -> dict:
+    """'on' -> {}; 'on:close=disable_first:interval_s=5' -> {'close': 'disable_first', 'interval_s': 5.0}."""
+    out = {}
+    for kv in arm.split(":")[1:]:
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = float(v) if "." in v or v.isdigit() else v
+        except ValueError:
+            out[k] = v
+    return out
+
+
 def _defaults():
     import inspect
 
     from graphmon.sources.cupti import CuptiSource
 
     p = inspect.signature(CuptiSource.__init__).parameters
-    return {k: p[k].default for k in ("window_launches", "window_duration_ms", "interval_s", "drain_ms", "buffer_size_bytes")}
+    return {k: p[k].default for k in ("window_launches", "window_duration_ms", "interval_s", "drain_ms", "max_drain_ms",
+                                      "buffer_size_bytes", "close", "buffer_view")}
 
 
 def _summ(path):

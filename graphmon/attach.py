@@ -35,6 +35,9 @@ SOURCE_KEYS = (
     "observer",
     "max_timed_launches",
     "blocked_retry_s",
+    "max_drain_ms",
+    "drain_ms",
+    "close",
 )
 ATTACH_ENV = "GRAPHMON_ATTACH_JSON"  # attach() kwargs for the sitecustomize hook (JSON)
 ATTACHED_ENV = "GRAPHMON_ATTACHED_LOCAL_RANK"  # set by an attached process for its children
@@ -116,13 +119,8 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
             warnings.warn("graphmon is already attached in this process; attach() ignored", stacklevel=2)
             return _state.exporter or _state.source
         try:
-            from .sources.cupti import CuptiSource, preload_library
+            from .sources.cupti import CuptiSource
 
-            if cupti is None:
-                try:  # before the host imports torch (graphmon run): cupti-python's own libcupti
-                    preload_library()
-                except Exception:
-                    pass  # cupti-python/cuda-pathfinder missing: the source reports it as its state
             src_kw = {k: settings.pop(k) for k in list(settings) if k in SOURCE_KEYS}
             source = CuptiSource(cupti=cupti, **src_kw)
             recorder = exporter = None

@@ -5,6 +5,7 @@
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # graphmon from this checkout
 PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
 
@@ -13,11 +14,10 @@ SYNC_EVERY=${SYNC_EVERY:-8}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 
 if has sessions; then
-echo "== CUPTI correlation ids across windows (bench/cupti_sessions.py), torch first / libcupti preloaded"
-timeout 90 $PY bench/cupti_sessions.py --out "$OUT" 2>&1 | tail -12
-timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --preload 2>&1 | tail -12
-TORCH_CUPTI=$($PY -c "import glob, os, torch; print((glob.glob(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', '*', 'lib', 'libcupti.so*')) + [''])[0])")
-[ -n "$TORCH_CUPTI" ] && timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --lib "$TORCH_CUPTI" 2>&1 | tail -12
+echo "== CUPTI correlation ids and window edges (bench/cupti_sessions.py), both close modes"
+for close in drain_first disable_first; do
+  timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --close $close 2>&1 | tail -8
+done
 fi
 
 if has tests; then
@@ -50,11 +50,13 @@ wait $RUN; echo "graphmon run exit code: $?"
 fi
 
 if has overhead; then
-echo "== steady overhead (default sampling), interleaved arms"
-timeout 200 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
-  --overhead-rounds 6 --overhead-phase-s 10 2>&1 | tail -8
+ARMS=${OVERHEAD_ARMS:-off,on}
+echo "== steady overhead, interleaved arms: $ARMS"
+timeout 400 $PY bench/gpu_overhead.py --out "$OUT" --sections steady_overhead --json-name gpu-overhead-steady.json \
+  --overhead-rounds ${OVERHEAD_ROUNDS:-6} --overhead-phase-s ${OVERHEAD_PHASE_S:-10} --overhead-arms "$ARMS" 2>&1 | tail -4
 $PY -c "
-import json; r = json.load(open('$OUT/gpu-overhead-steady.json'))
-s = r['sections'].get('steady_overhead'); print('errors', r['errors'])
-print('overhead %', s and round(s['overhead_pct'], 3), 'per-round', s and [round(x, 4) for x in s['per_round_ratio']], 'windows', s and s['windows_while_on'])"
+import json; r = json.load(open('$OUT/gpu-overhead-steady.json')); print('errors', r['errors'])
+s = r['sections'].get('steady_overhead') or {}
+for a, v in s.get('arms', {}).items():
+    print(a, 'overhead %', round(v['overhead_pct'], 3), 'per-round', [round(x, 4) for x in v['per_round_ratio']], 'windows', v['windows'], 'ingest', v['ingest'])"
 fi

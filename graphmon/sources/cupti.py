@@ -55,18 +55,6 @@ def _load_cupti():
     return cupti
 
 
-def preload_library() -> str:
-    """Load the libcupti that cupti-python would pick, now, and return its path.
-
-    Whoever loads libcupti first wins for the whole process: torch's Kineto loads the one in
-    torch's own wheel set when it needs it, and cupti-python (through cuda-pathfinder) then reuses
-    whatever is already loaded. Calling this before the application imports torch (``graphmon
-    run`` does, from its sitecustomize) makes the process use cupti-python's own libcupti."""
-    from cuda.pathfinder import load_nvidia_dynamic_lib
-
-    return str(load_nvidia_dynamic_lib("cupti").abs_path)
-
-
 def library_info(maps_path: str = "/proc/self/maps") -> dict[str, str]:
     """The libcupti loaded in this process: path, the nvidia-cuda-cupti wheel version that
     shipped it (when it came from one) and cuptiGetVersion's API version. Empty when none is
@@ -192,6 +180,8 @@ class CuptiSource(Source):
         blocked_retry_s: float = 30.0,
         poll_s: float = 0.05,
         keep_raw: bool = False,
+        close: str = "drain_first",  # "drain_first" | "disable_first": see _window
+        buffer_view: bool = True,  # columns straight from CUPTI's buffer when cupti-python allows
     ) -> None:
         super().__init__()
         self._cupti_arg = cupti
@@ -213,6 +203,11 @@ class CuptiSource(Source):
         self.max_timed_launches = int(max_timed_launches)
         self.blocked_retry_s = float(blocked_retry_s)
         self.poll_s = float(poll_s)
+        if close not in ("drain_first", "disable_first"):
+            raise ValueError(f"close must be 'drain_first' or 'disable_first', not {close!r}")
+        self.close = close
+        self.buffer_view = bool(buffer_view)
+        self._dtypes: dict[Any, Any] = {}
         self.keep_raw = bool(keep_raw)  # diagnostics: keep each window's unfiltered records
         self.last_raw: Optional[dict[str, Any]] = None
         self._lib_info: dict[str, str] = {}
@@ -234,6 +229,7 @@ class CuptiSource(Source):
         self._phase: Optional[str] = None  # None | "ref" | "win": which launches are timed
         self._launches: list[tuple[int, int, int, int]] = []  # corr, exec, launch_ns, stream handle
         self._launch_count = 0
+        self._launch_cap = 1 << 30  # launches a phase takes; more are left out in the callback itself
         self._timed: list[tuple[str, int, int, int, int]] = []  # phase, exec, ctx, ev0, ev1
         self._open_ev: dict[int, tuple[str, int, int, int, int]] = {}  # corr -> phase, exec, ctx, stream, ev0
         self._free_events: dict[int, list[int]] = {}  # ctx -> free events
@@ -258,6 +254,8 @@ class CuptiSource(Source):
             "ingest_records_per_s": 0.0,
             "last_window_ms": 0.0,
             "last_flush_ms": 0.0,
+            "ingest_buffer_view": 0,  # buffers converted by the numpy view / per object
+            "ingest_objects": 0,
         }
         self.last_window: Optional[Window] = None
         self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
@@ -436,6 +434,7 @@ class CuptiSource(Source):
             n_target = req.replays if req.replays else 1 << 30
             dur_ms = min(req.duration_ms or self.capture_max_duration_ms, self.capture_max_duration_ms)
         timing = self.observer == "events" and self.events is not None
+        self._launch_cap = n_target
 
         # reference phase: the same launches timed with events, tracing off
         if timing:
@@ -462,9 +461,17 @@ class CuptiSource(Source):
         # Kernels of launches already made may still be queued on the GPU: keep tracing a little
         # (launches from now on are left out of the window) so that their replays complete.
         self._closing = True
-        if not self._stop.is_set():
-            self._drain()
-        flush_ms = self._end_window_tracing()
+        if self.close == "disable_first":
+            # Stop tracing new launches now; the window's queued kernels were instrumented at
+            # launch and finish on their own: wait for them, then flush.
+            self._disable_tracing()
+            if not self._stop.is_set():
+                self._drain()
+            flush_ms = self._flush()
+        else:
+            if not self._stop.is_set():
+                self._drain()
+            flush_ms = self._end_window_tracing()
         self._closing = False
         ended = wall_time()
         self._phase = None
@@ -523,6 +530,11 @@ class CuptiSource(Source):
         ``max_drain_ms``); otherwise wait the fixed ``drain_ms``.
         """
         query = getattr(self.events, "query", None)
+        # A launch whose API call is still in flight has no end event yet: let it finish (µs),
+        # else the drain would stop one launch early and cut that replay.
+        t_end = time.perf_counter() + 0.005
+        while any(v[0] == "win" for v in list(self._open_ev.values())) and time.perf_counter() < t_end:
+            time.sleep(0.0002)
         last = next((t for t in reversed(self._timed) if t[0] == "win"), None)
         if query is None or last is None:
             if self.drain_ms > 0:
@@ -544,13 +556,23 @@ class CuptiSource(Source):
             time.sleep(0.001)
 
     def _end_window_tracing(self) -> float:
-        c = self.cupti
         t0 = time.perf_counter()
+        self._disable_tracing()
+        self._flush()
+        return (time.perf_counter() - t0) * 1e3
+
+    def _disable_tracing(self) -> None:
+        c = self.cupti
         try:
             c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
         except Exception:
             self.count_error("activity_disable")
         self._in_window = False
+
+    def _flush(self) -> float:
+        """Hand every buffer to _buffer_completed now; returns the ms it took (ingest included)."""
+        c = self.cupti
+        t0 = time.perf_counter()
         try:
             c.activity_flush_all(1)
         except Exception:
@@ -692,8 +714,8 @@ class CuptiSource(Source):
                 self._stream_ids[key] = self._cupti_stream_id(ctx, stream)
             self.registry.on_launch(h, self._stream_ids[key])
             phase = self._phase
-            if self._closing:
-                return
+            if self._closing or (phase is not None and self._launch_count >= self._launch_cap):
+                return  # the collector polls: without this a launch or two slips into a full window
             if self._in_window:
                 self._launches.append((corr, h, c.get_timestamp(), key))
             if phase is not None:
@@ -796,43 +818,112 @@ class CuptiSource(Source):
         try:
             t0 = time.perf_counter()
             self._outstanding = max(0, self._outstanding - 1)
-            kind = self.cupti.ActivityKind.CONCURRENT_KERNEL
-            acts = [a for a in activities if a.kind == kind]
-            if not acts:
+            if not activities:
                 return
-            names = self._names
-            room = self.max_window_records - self._n_records
-            if len(acts) > room:
-                self._discarded += len(acts) - max(room, 0)
-                acts = acts[: max(room, 0)]
-                if not acts:
-                    return
-            for i in range(0, len(acts), INGEST_CHUNK):
-                if i:
-                    # Let the host's threads take the GIL between chunks: the serving loop
-                    # must not wait for our whole buffer to be converted.
-                    self._ingest_s += time.perf_counter() - t0
-                    time.sleep(0)
-                    t0 = time.perf_counter()
-                ch = acts[i : i + INGEST_CHUNK]
-                n = len(ch)
-                part = (
-                    np.fromiter((a.start for a in ch), np.int64, n),
-                    np.fromiter((a.end for a in ch), np.int64, n),
-                    np.fromiter((a.stream_id for a in ch), np.int64, n),
-                    np.fromiter((a.device_id for a in ch), np.int32, n),
-                    np.fromiter((a.graph_id for a in ch), np.int64, n),
-                    np.fromiter((a.graph_node_id for a in ch), np.int64, n),
-                    np.fromiter((a.correlation_id for a in ch), np.int64, n),
-                    np.fromiter((names.setdefault(a.name, len(names)) for a in ch), np.int32, n),
-                )
-                with self._rec_lock:
-                    self._parts.append(part)
-                    self._n_records += n
-                self._ingest_records += n
+            part = self._columns_from_buffer(activities)
+            if part is not None:
+                self._keep_part(part)
+                self.stats["ingest_buffer_view"] += 1
+            else:
+                self.stats["ingest_objects"] += 1
+                self._ingest_objects(activities, t0)
+                t0 = time.perf_counter()
             self._ingest_s += time.perf_counter() - t0
         except Exception:
             self.count_error("buffer_completed")
+
+    def _keep_part(self, part: tuple[np.ndarray, ...]) -> None:
+        n = len(part[0])
+        room = self.max_window_records - self._n_records
+        if n > room:
+            self._discarded += n - max(room, 0)
+            part = tuple(a[: max(room, 0)] for a in part)
+            n = len(part[0])
+            if not n:
+                return
+        with self._rec_lock:
+            self._parts.append(part)
+            self._n_records += n
+        self._ingest_records += n
+
+    def _record_dtype(self, rec_type) -> Optional[np.dtype]:
+        """cupti-python's numpy dtype for a record class (ActivityKernel13 -> activity_kernel13_dtype)."""
+        dt = self._dtypes.get(rec_type, False)
+        if dt is False:
+            name = getattr(rec_type, "__name__", "")
+            snake = "".join(f"_{ch.lower()}" if ch.isupper() else ch for ch in name).lstrip("_")
+            dt = getattr(self.cupti, f"{snake}_dtype", None)
+            if dt is not None and not all(f in (dt.names or ()) for f in _VIEW_FIELDS):
+                dt = None
+            self._dtypes[rec_type] = dt
+        return dt
+
+    def _columns_from_buffer(self, acts) -> Optional[tuple[np.ndarray, ...]]:
+        """The buffer's kernel records as columns in a few numpy operations, or None.
+
+        cupti-python hands the buffer over as a list of record objects that wrap pointers into
+        CUPTI's buffer. When the records lie back to back (one kind, one struct size), the whole
+        buffer is one numpy array of cupti-python's own record dtype: columns come from it
+        without touching each object. Checked every time (first/middle/last pointers, every
+        record's kind); anything else takes the per-object path."""
+        if not self.buffer_view:
+            return None
+        a0 = acts[0]
+        dt = self._record_dtype(type(a0))
+        if dt is None:
+            return None
+        n = len(acts)
+        p0 = int(a0.ptr)
+        size = dt.itemsize
+        if p0 == 0 or int(acts[-1].ptr) - p0 != (n - 1) * size or int(acts[n // 2].ptr) - p0 != (n // 2) * size:
+            return None
+        rec = np.frombuffer((ctypes.c_char * (n * size)).from_address(p0), dtype=dt)
+        if not (rec["kind"] == int(self.cupti.ActivityKind.CONCURRENT_KERNEL)).all():
+            return None
+        uptr, inv = np.unique(rec["name"], return_inverse=True)  # a pointer to CUPTI's name string
+        names = self._names
+        ids = np.array([names.setdefault(ctypes.string_at(p).decode("utf-8", "replace") if p else "", len(names))
+                        for p in uptr.tolist()], np.int32)
+        return (
+            rec["start"].astype(np.int64),
+            rec["end"].astype(np.int64),
+            rec["stream_id"].astype(np.int64),
+            rec["device_id"].astype(np.int32),
+            rec["graph_id"].astype(np.int64),
+            rec["graph_node_id"].astype(np.int64),
+            rec["correlation_id"].astype(np.int64),
+            ids[inv.reshape(-1)],
+        )
+
+    def _ingest_objects(self, activities, t0: float) -> None:
+        """The per-object path: one attribute read per field and record (~1 M records/s)."""
+        kind = self.cupti.ActivityKind.CONCURRENT_KERNEL
+        acts = [a for a in activities if a.kind == kind]
+        names = self._names
+        for i in range(0, len(acts), INGEST_CHUNK):
+            if i:
+                # Let the host's threads take the GIL between chunks: the serving loop
+                # must not wait for our whole buffer to be converted.
+                self._ingest_s += time.perf_counter() - t0
+                time.sleep(0)
+                t0 = time.perf_counter()
+            ch = acts[i : i + INGEST_CHUNK]
+            n = len(ch)
+            self._keep_part((
+                np.fromiter((a.start for a in ch), np.int64, n),
+                np.fromiter((a.end for a in ch), np.int64, n),
+                np.fromiter((a.stream_id for a in ch), np.int64, n),
+                np.fromiter((a.device_id for a in ch), np.int32, n),
+                np.fromiter((a.graph_id for a in ch), np.int64, n),
+                np.fromiter((a.graph_node_id for a in ch), np.int64, n),
+                np.fromiter((a.correlation_id for a in ch), np.int64, n),
+                np.fromiter((names.setdefault(a.name, len(names)) for a in ch), np.int32, n),
+            ))
+        self._ingest_s += time.perf_counter() - t0
+
+
+# Fields the buffer view reads from cupti-python's record dtype.
+_VIEW_FIELDS = ("kind", "start", "end", "stream_id", "device_id", "graph_id", "graph_node_id", "correlation_id", "name")
 
 
 INGEST_CHUNK = 1024  # records converted per GIL hold in the buffer-completed callback
