@@ -28,7 +28,7 @@ class Exporter:
             max_streams=self.settings.max_streams,
             trace_store=self.store,
             health=source.health,
-            backend_info=_safe_info(source),
+            backend_info=lambda: _safe_info(source),
         )
         # /metrics text rendered once per snapshot, by the thread that published it, so a scrape
         # only copies bytes: content type -> (snapshot, body).

@@ -173,6 +173,10 @@ class TraceStore:
 class Aggregator:
     """The sink: analyse windows, fold them into cumulative state, publish snapshots."""
 
+    @property
+    def backend_info(self) -> dict[str, str]:
+        return dict(self._backend_info())
+
     def __init__(
         self,
         rank: str = "0",
@@ -180,13 +184,15 @@ class Aggregator:
         max_streams: int = 16,
         trace_store: Optional[TraceStore] = None,
         health: Callable[[], SourceHealth] = lambda: SourceHealth(up=True, state="running"),
-        backend_info: Optional[Mapping[str, str]] = None,
+        backend_info: Optional[Mapping[str, str] | Callable[[], Mapping[str, str]]] = None,
     ):
         self.rank = rank
         self.max_graphs, self.max_streams = max_graphs, max_streams
         self.store = trace_store if trace_store is not None else TraceStore(16, 256 * 2**20)
         self._health = health
-        self.backend_info = dict(backend_info or {"backend": "none"})
+        # a callable is asked at every snapshot: a source learns some facts (which libcupti)
+        # only once it runs
+        self._backend_info = backend_info if callable(backend_info) else (lambda b=dict(backend_info or {"backend": "none"}): b)
         self._lock = threading.Lock()  # serialises ingest; never taken by scrapes
         self._seq = 0
         self._windows = 0

@@ -127,3 +127,13 @@ def test_scrape_never_waits_for_ingest():
         th.start()
         th.join(1.0)
     assert got, "snapshot() blocked on the ingest lock"
+
+
+def test_backend_info_learned_after_start_reaches_the_snapshot():
+    # the CUPTI source knows which libcupti it loaded only once it runs
+    info = {"backend": "cupti"}
+    agg = Aggregator(backend_info=lambda: info)
+    assert agg.snapshot().backend_info == {"backend": "cupti"}
+    info = {"backend": "cupti", "cupti_lib_version": "13.4.92"}
+    agg.refresh()
+    assert agg.snapshot().backend_info["cupti_lib_version"] == "13.4.92"

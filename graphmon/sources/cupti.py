@@ -211,6 +211,7 @@ class CuptiSource(Source):
         self.keep_raw = bool(keep_raw)  # diagnostics: keep each window's unfiltered records
         self.last_raw: Optional[dict[str, Any]] = None
         self._lib_info: dict[str, str] = {}
+        self._cupti_python: Optional[str] = None
 
         self._sink: Optional[Sink] = None
         self._thread: Optional[threading.Thread] = None
@@ -262,14 +263,17 @@ class CuptiSource(Source):
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
-        out = {"backend": self.backend, "observer": self.observer}
-        try:
-            from importlib.metadata import version
+        if self._cupti_python is None:
+            try:
+                from importlib.metadata import version
 
-            out["cupti_python"] = version("cupti-python")
-        except Exception:
-            pass  # not installed (tests with a fake), or metadata unreadable
-        out.update(self._lib_info)
+                self._cupti_python = version("cupti-python")
+            except Exception:
+                self._cupti_python = ""  # not installed (tests with a fake), or metadata unreadable
+        out = {"backend": self.backend, "observer": self.observer}
+        if self._cupti_python:
+            out["cupti_python"] = self._cupti_python
+        out.update(self._lib_info)  # set once CUPTI is loaded
         return out
 
     def start(self, sink: Sink) -> None:
