@@ -9,7 +9,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # graphmon from this checko
 PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c "import torch; print('torch', torch.__version__)"; } > "$OUT/gpu.txt" 2>&1
 
-SECTIONS=${GPU_CHECK_SECTIONS:-sessions,tests,live,overhead}
+SECTIONS=${GPU_CHECK_SECTIONS:-sessions,tests,live,overhead}  # or "full": every bench/gpu_overhead.py section
 SYNC_EVERY=${SYNC_EVERY:-8}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 
@@ -59,4 +59,11 @@ import json; r = json.load(open('$OUT/gpu-overhead-steady.json')); print('errors
 s = r['sections'].get('steady_overhead') or {}
 for a, v in s.get('arms', {}).items():
     print(a, 'overhead %', round(v['overhead_pct'], 3), 'per-round', [round(x, 4) for x in v['per_round_ratio']], 'windows', v['windows'], 'ingest', v['ingest'])"
+fi
+
+if has full; then
+ARMS=${OVERHEAD_ARMS:-off,on}
+echo "== bench/gpu_overhead.py, every section; steady-overhead arms: $ARMS"
+timeout 480 $PY bench/gpu_overhead.py --out "$OUT" --overhead-rounds ${OVERHEAD_ROUNDS:-8} \
+  --overhead-phase-s ${OVERHEAD_PHASE_S:-10} --overhead-arms "$ARMS" 2>&1 | cut -c1-600 | tail -14
 fi

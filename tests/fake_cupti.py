@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-
-import numpy as np
 import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -78,30 +76,6 @@ class InstantiateParams(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("hUploadStream", ctypes.c_void_p), ("hErrNode_out", ctypes.c_void_p), ("result_out", ctypes.c_int)]
 
 
-# The layout of cupti-python 13.4's activity_kernel13_dtype for the fields graphmon reads (offsets
-# of CUpti_ActivityKernel11 in CUPTI 13.4; test_cupti_source checks them against the real dtype
-# when cupti-python is installed).
-activity_kernel13_dtype = np.dtype({
-    "names": ["kind", "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "name",
-              "graph_node_id", "graph_id"],
-    "formats": ["<i4", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4", "<i8", "<u8", "<u4"],
-    "offsets": [0, 16, 24, 40, 44, 48, 92, 104, 144, 156],
-    "itemsize": 248,
-})
-
-
-class ActivityKernel13:
-    """A record object that wraps a pointer into a buffer, as cupti-python's do."""
-
-    def __init__(self, arr, i):
-        self._arr, self._i = arr, i
-        self.ptr = arr.ctypes.data + i * arr.dtype.itemsize
-
-    def __getattr__(self, field):
-        v = self._arr[self._i][field]
-        return ctypes.string_at(int(v)).decode() if field == "name" else int(v)
-
-
 @dataclass
 class Kernel:
     stream: int  # CUPTI stream id the kernel runs on
@@ -128,16 +102,7 @@ class FakeCupti:
     CuGraphInstantiateWithParamsPtszParams = CuGraphInstantiateWithParamsPtszParams
     CuGraphExecDestroyParams = CuGraphExecDestroyParams
 
-    activity_kernel13_dtype = activity_kernel13_dtype
-
-    def __init__(self, trace_slowdown: float = 1.0, records_per_buffer: int = 4096, record_bytes: int = 256,
-                 buffers: str = "objects") -> None:
-        # buffers: "objects" (plain record objects), "view" (records back to back in a numpy
-        # buffer, objects wrap pointers into it, like cupti-python's), "scattered" (such objects
-        # whose pointers are not back to back: the view must refuse them)
-        self.buffers = buffers
-        self._names: dict[str, ctypes.Array] = {}
-        self.delivered: list = []  # buffers handed over in view/scattered mode (kept alive)
+    def __init__(self, trace_slowdown: float = 1.0, records_per_buffer: int = 4096, record_bytes: int = 256) -> None:
         self.lock = threading.RLock()
         self.trace_slowdown = trace_slowdown
         self.records_per_buffer = records_per_buffer
@@ -232,22 +197,7 @@ class FakeCupti:
         if self.pending and self.done is not None:
             batch, self.pending = self.pending, []
             self.buffer_room = 0
-            if self.buffers != "objects":
-                batch = self._as_buffer(batch)
             self.done(batch)
-
-    def _as_buffer(self, batch):
-        step = 2 if self.buffers == "scattered" else 1
-        arr = np.zeros(len(batch) * step, activity_kernel13_dtype)
-        for i, r in enumerate(batch):
-            a = arr[i * step]
-            for f in ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id", "graph_id"):
-                a[f] = getattr(r, f)
-            if r.name not in self._names:
-                self._names[r.name] = ctypes.create_string_buffer(r.name.encode())
-            a["name"] = ctypes.addressof(self._names[r.name])
-        self.delivered.append(arr)
-        return [ActivityKernel13(arr, i * step) for i in range(len(batch))]
 
     # ---------------------------------------------------------------- simulated host API calls
     def _callback(self, cbid, site, corr, params, ret=0):
