@@ -15,7 +15,7 @@ has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 
 if has sessions; then
 echo "== CUPTI correlation ids and window edges (bench/cupti_sessions.py), both close modes"
-for close in drain_first disable_first; do
+for close in ${CLOSE_MODES:-drain_first disable_first}; do
   timeout 90 $PY bench/cupti_sessions.py --out "$OUT" --close $close 2>&1 | tail -8
 done
 fi
