@@ -61,7 +61,7 @@ class Exporter:
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(1.0):
-            self.aggregator.refresh()
+            self.aggregator.refresh_if_changed()
 
     def serve_background(self, timeout_s: float = 10.0) -> None:
         """Run uvicorn on settings.host:port in a daemon thread; return once it listens."""

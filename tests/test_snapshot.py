@@ -137,3 +137,20 @@ def test_backend_info_learned_after_start_reaches_the_snapshot():
     info = {"backend": "cupti", "cupti_lib_version": "13.4.92"}
     agg.refresh()
     assert agg.snapshot().backend_info["cupti_lib_version"] == "13.4.92"
+
+
+def test_refresh_if_changed_rebuilds_only_on_change():
+    state = {"s": "running", "errors": {}}
+    agg = Aggregator(health=lambda: SourceHealth(up=state["s"] == "running", state=state["s"], errors=dict(state["errors"])))
+    agg.refresh()
+    first = agg.snapshot()
+    assert agg.refresh_if_changed() is False and agg.snapshot() is first  # nothing changed: no rebuild
+    state["s"] = "blocked"
+    assert agg.refresh_if_changed() is True and agg.snapshot().health.state == "blocked"
+    assert agg.refresh_if_changed() is False
+    state["errors"] = {"callback": 1}  # a source error counted between windows
+    assert agg.refresh_if_changed() is True and agg.snapshot().errors_total == {"callback": 1}
+    agg.count_error("http", RuntimeError("x"))  # the aggregator's own count (e.g. a failed request)
+    assert agg.refresh_if_changed() is True and agg.snapshot().errors_total["http"] == 1
+    agg.ingest(window(synthetic_trace()))  # a window publishes what it saw: no extra rebuild after
+    assert agg.refresh_if_changed() is False
