@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -256,13 +257,26 @@ class FakeCupti:
             self._api(DriverApiTraceCbid.cuGraphExecDestroy, _params(h_graph_exec=h))
             self.execs.pop(h, None)
 
-    def launch(self, h: int, stream: int, ptsz: bool = False) -> int:
-        """Launch; returns the correlation id. Kernels run now on the simulated GPU."""
+    def launch(self, h: int, stream: int, ptsz: bool = False, block_s: float = 0.0) -> int:
+        """Launch; returns the correlation id. Kernels run now on the simulated GPU.
+
+        ``block_s``: the API call blocks that long between its enter and exit callbacks, as
+        cuGraphLaunch does while the GPU's queue is full; the graph runs at the end of it."""
+        p = _params(h_graph_exec=h, h_stream=stream) if ptsz else _params(h_graph=h, h_stream=stream)
+        cbid = DriverApiTraceCbid.cuGraphLaunch_ptsz if ptsz else DriverApiTraceCbid.cuGraphLaunch
+        if block_s <= 0:
+            with self.lock:
+                self.launches += 1
+                return self._api(cbid, p, lambda corr: (self._run_graph(h, corr), corr)[1])
+        corr = next(self.corr)
         with self.lock:
-            p = _params(h_graph_exec=h, h_stream=stream) if ptsz else _params(h_graph=h, h_stream=stream)
-            cbid = DriverApiTraceCbid.cuGraphLaunch_ptsz if ptsz else DriverApiTraceCbid.cuGraphLaunch
             self.launches += 1
-            return self._api(cbid, p, lambda corr: (self._run_graph(h, corr), corr)[1])
+            self._callback(cbid, ApiCallbackSite.API_ENTER, corr, p)
+        time.sleep(block_s)
+        with self.lock:
+            self._run_graph(h, corr)
+            self._callback(cbid, ApiCallbackSite.API_EXIT, corr, p)
+        return corr
 
     def _run_graph(self, h, corr):
         kernels = self.execs[h]

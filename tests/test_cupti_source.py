@@ -497,3 +497,29 @@ def test_library_info_names_the_loaded_libcupti_and_its_wheel(tmp_path):
     maps.write_text(maps.read_text() + "7f40-7f50 r-xp 00000000 08:01 789 /opt/other/libcupti.so.13\n")
     assert library_info(str(maps))["cupti_libs_loaded"] == "2"  # two copies: said, not hidden
     assert library_info(str(tmp_path / "missing")) == {}
+
+
+def test_drain_waits_for_a_launch_call_that_blocks():
+    # cuGraphLaunch blocks while the GPU's queue is full. The window's last launch must not be
+    # cut because its call had not returned when the window closed (seen on the H200).
+    fake, src, windows = make(window_launches=1, window_duration_ms=150, drain_ms=0, max_drain_ms=250)
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(2, MAIN, SIDE))
+    stop = threading.Event()
+
+    def host():
+        while not stop.is_set():
+            fake.launch(h, MAIN, block_s=0.04)
+
+    t = threading.Thread(target=host, daemon=True)
+    t.start()
+    try:
+        assert wait_for(lambda: len(windows) >= 3, 10)
+    finally:
+        stop.set()
+        t.join(5)
+        src.stop()
+    for w in windows[:3]:
+        # the window closed while its launch call was still blocked; tracing stayed on for it
+        assert w.trace.n_launches == 1, w.trace.n_launches
+        assert len(w.trace) == 6 and "partial_replay" not in w.trace.invalid  # the whole replay

@@ -227,6 +227,7 @@ class CuptiSource(Source):
         self._closing = False  # window full: launches no longer join it, tracing drains
         self._phase: Optional[str] = None  # None | "ref" | "win": which launches are timed
         self._launches: list[tuple[int, int, int, int]] = []  # corr, exec, launch_ns, stream handle
+        self._inflight: set[int] = set()  # window launches whose API call has not returned yet
         self._launch_count = 0
         self._launch_cap = 1 << 30  # launches a phase takes; more are left out in the callback itself
         self._timed: list[tuple[str, int, int, int, int]] = []  # phase, exec, ctx, ev0, ev1
@@ -450,6 +451,7 @@ class CuptiSource(Source):
         with self._rec_lock:
             self._parts, self._n_records, self._discarded, self._names = [], 0, 0, {}
         self._launches = []
+        self._inflight = set()
         self._launch_count = 0
         self._set_launch_cb(True)
         self._phase = "win" if timing else "untimed"
@@ -530,10 +532,12 @@ class CuptiSource(Source):
         ``max_drain_ms``); otherwise wait the fixed ``drain_ms``.
         """
         query = getattr(self.events, "query", None)
-        # A launch whose API call is still in flight has no end event yet: let it finish (µs),
-        # else the drain would stop one launch early and cut that replay.
-        t_end = time.perf_counter() + 0.005
-        while any(v[0] == "win" for v in list(self._open_ev.values())) and time.perf_counter() < t_end:
+        deadline = time.perf_counter() + max(self.drain_ms, self.max_drain_ms) / 1e3
+        # A window launch whose API call has not returned has no end event yet (cuGraphLaunch
+        # blocks while the GPU's queue is full: the host is far ahead). Wait for it, within the
+        # same bound: else the drain would stop one launch early and cut that replay (seen once
+        # in 8 windows on the H200 with the host ~70 ms ahead).
+        while self._inflight and time.perf_counter() < deadline and not self._stop.is_set():
             time.sleep(0.0002)
         last = next((t for t in reversed(self._timed) if t[0] == "win"), None)
         if query is None or last is None:
@@ -541,7 +545,6 @@ class CuptiSource(Source):
                 time.sleep(self.drain_ms / 1e3)
             return
         _, _, ctx, _, e1 = last
-        deadline = time.perf_counter() + max(self.drain_ms, self.max_drain_ms) / 1e3
         while not self._stop.is_set():
             try:
                 done = query(ctx, e1)
@@ -717,20 +720,25 @@ class CuptiSource(Source):
             if self._closing or (phase is not None and self._launch_count >= self._launch_cap):
                 return  # the collector polls: without this a launch or two slips into a full window
             if self._in_window:
+                self._inflight.add(corr)
                 self._launches.append((corr, h, c.get_timestamp(), key))
             if phase is not None:
                 self._launch_count += 1
                 if phase in ("ref", "win") and len(self._timed) + len(self._open_ev) < self.max_timed_launches:
                     self._time_enter(phase, corr, h, ctx, stream)
-        elif corr in self._open_ev:
-            phase, h, ctx, stream, e0 = self._open_ev.pop(corr)
-            e1 = self._get_event(ctx)
-            if e1 and self.events.record(e1, stream):
-                self._timed.append((phase, h, ctx, e0, e1))
-            else:
-                self._free_events.setdefault(ctx, []).append(e0)
-                if e1:
-                    self._free_events[ctx].append(e1)
+            return
+        try:
+            if corr in self._open_ev:
+                phase, h, ctx, stream, e0 = self._open_ev.pop(corr)
+                e1 = self._get_event(ctx)
+                if e1 and self.events.record(e1, stream):
+                    self._timed.append((phase, h, ctx, e0, e1))
+                else:
+                    self._free_events.setdefault(ctx, []).append(e0)
+                    if e1:
+                        self._free_events[ctx].append(e1)
+        finally:
+            self._inflight.discard(corr)  # after its end event is in _timed: the drain waits on it
 
     def _time_enter(self, phase: str, corr: int, h: int, ctx: int, stream: int) -> None:
         if stream not in _LEGACY_STREAMS and self.events.is_capturing(stream):
