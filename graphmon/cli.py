@@ -198,7 +198,7 @@ def _attach_settings(args: argparse.Namespace) -> dict:
         "host": args.host, "port": args.port, "token": args.token,
         "max_graphs": args.max_graphs, "max_streams": args.max_streams,
         "interval_s": args.interval_s, "window_launches": args.window_launches,
-        "window_duration_ms": args.window_duration_ms,
+        "window_duration_ms": args.window_duration_ms, "max_drain_ms": args.max_drain_ms, "close": args.close,
     }.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
         out["interval_s"] = args.window_interval_s
@@ -228,11 +228,26 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
 
 
+def _source_defaults() -> dict:
+    import inspect
+
+    from .sources.cupti import CuptiSource  # imports no cupti: that happens when a source starts
+
+    return {k: v.default for k, v in inspect.signature(CuptiSource.__init__).parameters.items()}
+
+
 def _add_attach_flags(p: argparse.ArgumentParser) -> None:
     _add_server_flags(p, replay=False)
-    p.add_argument("--interval-s", type=float, help="seconds between CUPTI sampling windows (default 5)")
-    p.add_argument("--window-launches", type=int, help="graph launches per sampling window (default 32)")
-    p.add_argument("--window-duration-ms", type=float, help="longest a sampling window stays open (default 25 ms)")
+    d = _source_defaults()
+    p.add_argument("--interval-s", type=float, help=f"seconds between CUPTI sampling windows (default {d['interval_s']:g})")
+    p.add_argument("--window-launches", type=int, help=f"graph launches per sampling window (default {d['window_launches']})")
+    p.add_argument("--window-duration-ms", type=float,
+                   help=f"longest a sampling window stays open (default {d['window_duration_ms']:g} ms)")
+    p.add_argument("--max-drain-ms", type=float,
+                   help=f"longest tracing stays on after a window closes, for its queued replays (default {d['max_drain_ms']:g})")
+    p.add_argument("--close", choices=("drain_first", "disable_first"),
+                   help=f"drain_first: trace until the window's replays ran; disable_first: stop tracing new launches "
+                        f"at once (less traced, may cut the last replays) (default {d['close']})")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
 
 

@@ -141,3 +141,26 @@ def test_run_passes_exit_code_and_env_through(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 7
     assert '"port": 9999' in r.stdout
+
+
+def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_path):
+    import inspect
+
+    from graphmon.attach import SOURCE_KEYS
+    from graphmon.cli import build_parser
+    from graphmon.sources.cupti import CuptiSource
+
+    code = "import os; print(os.environ.get('GRAPHMON_ATTACH_JSON'))"
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--close", "disable_first", "--max-drain-ms", "80",
+                        "--window-launches", "8", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    sent = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sent == {"close": "disable_first", "max_drain_ms": 80.0, "window_launches": 8}
+    assert set(sent) <= set(SOURCE_KEYS)  # attach() hands them to the CUPTI source
+    d = {k: v.default for k, v in inspect.signature(CuptiSource.__init__).parameters.items()}
+    (run,) = [a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run")]
+    text = run.format_help().replace("\n", " ")
+    for flag, key in (("--interval-s", "interval_s"), ("--window-launches", "window_launches"),
+                      ("--window-duration-ms", "window_duration_ms"), ("--max-drain-ms", "max_drain_ms")):
+        assert f"(default {d[key]:g}" in " ".join(text.split()), flag

@@ -1,6 +1,7 @@
 """CuptiSource driven by a fake cupti (tests/fake_cupti.py) on the CPU."""
 
 import ctypes
+import os
 import threading
 import time
 
@@ -523,3 +524,29 @@ def test_drain_waits_for_a_launch_call_that_blocks():
         # the window closed while its launch call was still blocked; tracing stayed on for it
         assert w.trace.n_launches == 1, w.trace.n_launches
         assert len(w.trace) == 6 and "partial_replay" not in w.trace.invalid  # the whole replay
+
+
+def test_complete_replays_on_real_h200_windows():
+    """Raw records of six CuptiSource windows on the H200 (bench/cupti_sessions.py: a 16-layer
+    decode graph uploaded + lazy, 320 kernels a replay; the host in step with the GPU or ~100 ms
+    ahead of it). Every window launch comes back whole under its own correlation id; the
+    launches made while the window drained (some with zero timestamps: flushed before they ran)
+    are excluded and counted, never merged into a window replay."""
+    from graphmon.sources.cupti import complete_replays
+
+    z = np.load(os.path.join(os.path.dirname(__file__), "data", "h200-cupti-windows.npz"))
+    for w in range(6):
+        g = {k: z[f"w{w}_{k}"] for k in ("start_ns", "end_ns", "graph_id", "graph_node_id", "correlation_id",
+                                           "launch_correlation_id")}
+        valid = (g["start_ns"] > 0) & (g["end_ns"] >= g["start_ns"])
+        keep, inv = complete_replays(g["graph_id"], g["correlation_id"], g["launch_correlation_id"], valid=valid)
+        assert set(inv) <= {"launched_outside_window"}, inv
+        assert not (keep & ~valid).any()  # every zero-timestamp record was a drain-phase launch
+        kept = g["correlation_id"][keep]
+        u, cnt = np.unique(kept, return_counts=True)
+        assert set(u.tolist()) == set(g["launch_correlation_id"].tolist())  # each window launch, whole
+        assert set(cnt.tolist()) == {320}
+        # one replay holds each graph node once: no launches merged under one correlation id
+        key = np.stack([kept, g["graph_id"][keep], g["graph_node_id"][keep]], 1)
+        assert len(np.unique(key, axis=0)) == len(key)
+        assert inv.get("launched_outside_window", 0) == int((~np.isin(g["correlation_id"], u)).sum())

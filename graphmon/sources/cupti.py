@@ -448,17 +448,18 @@ class CuptiSource(Source):
                 self._phase = None
                 return
 
+        self._phase = None  # between phases no launch is taken: none is counted but not kept
         with self._rec_lock:
             self._parts, self._n_records, self._discarded, self._names = [], 0, 0, {}
         self._launches = []
         self._inflight = set()
-        self._launch_count = 0
         self._set_launch_cb(True)
-        self._phase = "win" if timing else "untimed"
         started = wall_time()
         t0 = time.perf_counter()
         c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        self._launch_count = 0
         self._in_window = True  # after enabling: every launch the window takes is traced
+        self._phase = "win" if timing else "untimed"
         self._wait_phase(n_target, dur_ms)
         # Kernels of launches already made may still be queued on the GPU: keep tracing a little
         # (launches from now on are left out of the window) so that their replays complete.
@@ -717,15 +718,16 @@ class CuptiSource(Source):
                 self._stream_ids[key] = self._cupti_stream_id(ctx, stream)
             self.registry.on_launch(h, self._stream_ids[key])
             phase = self._phase
-            if self._closing or (phase is not None and self._launch_count >= self._launch_cap):
-                return  # the collector polls: without this a launch or two slips into a full window
-            if self._in_window:
-                self._inflight.add(corr)
+            if self._closing or phase is None or self._launch_count >= self._launch_cap:
+                return  # the collector polls: without the cap a launch or two slips into a full window
+            if phase != "ref":
+                if not self._in_window:
+                    return
+                self._inflight.add(corr)  # the window takes this launch: counted = kept
                 self._launches.append((corr, h, c.get_timestamp(), key))
-            if phase is not None:
-                self._launch_count += 1
-                if phase in ("ref", "win") and len(self._timed) + len(self._open_ev) < self.max_timed_launches:
-                    self._time_enter(phase, corr, h, ctx, stream)
+            self._launch_count += 1
+            if phase in ("ref", "win") and len(self._timed) + len(self._open_ev) < self.max_timed_launches:
+                self._time_enter(phase, corr, h, ctx, stream)
             return
         try:
             if corr in self._open_ev:
