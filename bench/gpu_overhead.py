@@ -277,9 +277,11 @@ def main() -> int:
             if arm == "off":
                 continue
             on = np.array(arms[arm])
+            ratio = on / off
             res["arms"][arm] = {
                 "overhead_pct": float((on.mean() / off.mean() - 1) * 100),
-                "per_round_ratio": (on / off).tolist(),
+                "per_round_ratio": ratio.tolist(),
+                "per_round_ci95_pct": _ci95_pct(ratio),
                 "windows": windows_on[arm], "observer_slowdowns_seen": slow[arm], "ingest": paths[arm],
             }
         return res
@@ -373,6 +375,17 @@ def main() -> int:
     if not SELECTED:
         write_md(out)
     return 0
+
+
+def _ci95_pct(ratio) -> list:
+    """95% t-interval of the mean per-round ratio, as percent overhead."""
+    n = len(ratio)
+    if n < 2:
+        return [None, None]
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(n, 2.2)
+    half = t * float(np.std(ratio, ddof=1)) / n**0.5
+    m = float(np.mean(ratio))
+    return [(m - half - 1) * 100, (m + half - 1) * 100]
 
 
 def _arm_settings(arm: str) -> dict:

@@ -58,7 +58,7 @@ $PY -c "
 import json; r = json.load(open('$OUT/gpu-overhead-steady.json')); print('errors', r['errors'])
 s = r['sections'].get('steady_overhead') or {}
 for a, v in s.get('arms', {}).items():
-    print(a, 'overhead %', round(v['overhead_pct'], 3), 'per-round', [round(x, 4) for x in v['per_round_ratio']], 'windows', v['windows'], 'ingest', v['ingest'])"
+    print(a, 'overhead %', round(v['overhead_pct'], 3), 'ci95', [round(c, 2) for c in v.get('per_round_ci95_pct', [])], 'per-round', [round(x, 4) for x in v['per_round_ratio']], 'windows', v['windows'], 'ingest', v['ingest'])"
 fi
 
 if has full; then
