@@ -6,10 +6,9 @@ it does, and why:
 - Kernel tracing perturbs what it measures (+12-33% per replay on an H200 while on, see
   shared notes), so it is on only inside short *windows*: every ``interval_s`` a window opens
   for ``window_launches`` graph launches or ``window_duration_ms``, whichever ends first.
-  Default: <= 16 launches or 20 ms (+ 10 ms drain) every 10 s. On the H200 the steady cost was
-  dominated not by the in-window slowdown but by ingest: cupti-python hands records over as
-  Python objects (~1 M records/s), holding the GIL the serving thread needs (see
-  bench/results/gpu-overhead.md). ``request_capture`` opens a window soon and tags it.
+  Default: 16 launches or 20 ms every 10 s, then tracing stays on until those launches ran
+  (bounded by ``max_drain_ms``). Steady cost on an H200: +0.20% of replay time
+  (bench/results/gpu-overhead.md). ``request_capture`` opens a window soon and tags it.
 - Only CONCURRENT_KERNEL is enabled (KERNEL serializes kernels).
 - Graph identity/upload mode come from driver-API callbacks (runtime calls reach them too):
   cuGraphInstantiate* (exit), cuGraphUpload*, cuGraphExecDestroy, cuGraphLaunch*. The launch
@@ -448,7 +447,7 @@ class CuptiSource(Source):
                 self._phase = None
                 return
 
-        self._phase = None  # between phases no launch is taken: none is counted but not kept
+        self._phase = None  # while switching phases a launch is neither timed nor kept
         with self._rec_lock:
             self._parts, self._n_records, self._discarded, self._names = [], 0, 0, {}
         self._launches = []
