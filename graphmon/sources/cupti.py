@@ -7,7 +7,7 @@ it does, and why:
   shared notes), so it is on only inside short *windows*: every ``interval_s`` a window opens
   for ``window_launches`` graph launches or ``window_duration_ms``, whichever ends first.
   Default: 16 launches or 20 ms every 10 s, then tracing stays on until those launches ran
-  (bounded by ``max_drain_ms``). Steady cost on an H200: +0.20% of replay time
+  (bounded by ``max_drain_ms``). Steady cost on an H200: +0.29% of replay time
   (bench/results/gpu-overhead.md). ``request_capture`` opens a window soon and tags it.
 - Only CONCURRENT_KERNEL is enabled (KERNEL serializes kernels).
 - Graph identity/upload mode come from driver-API callbacks (runtime calls reach them too):
