@@ -90,13 +90,9 @@ def versions():
         v["nvidia_cuda_cupti"] = version("nvidia-cuda-cupti")
     except Exception as e:
         v["cupti_python"] = repr(e)
-    try:
-        from cupti import cupti
+    from graphmon.sources.cupti import library_info
 
-        ver = ctypes.c_uint32()
-        v["cupti_api_version"] = getattr(cupti, "get_version", lambda: None)()
-    except Exception:
-        pass
+    v.update(library_info())  # the libcupti this process loaded (torch loads it at import)
     return v
 
 

@@ -550,3 +550,21 @@ def test_complete_replays_on_real_h200_windows():
         key = np.stack([kept, g["graph_id"][keep], g["graph_node_id"][keep]], 1)
         assert len(np.unique(key, axis=0)) == len(key)
         assert inv.get("launched_outside_window", 0) == int((~np.isin(g["correlation_id"], u)).sum())
+
+
+def test_keep_raw_keeps_the_unfiltered_window():
+    # diagnostics (bench/cupti_sessions.py): the records before window-edge filtering
+    fake, src, windows = make(observer="off", keep_raw=True)
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    fake.launch(h, MAIN)
+    assert wait_for(lambda: src.in_window)
+    with fake.lock:
+        fake._run_graph(h, 424242)  # traced, but no launch row: excluded from the trace
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    raw, t = src.last_raw, windows[0].trace
+    assert 424242 in raw["correlation_id"].tolist() and 424242 not in t.correlation_id.tolist()
+    assert len(raw["start_ns"]) == len(t) + t.invalid_total
+    assert set(raw["launch_correlation_id"].tolist()) == set(t.launches["correlation_id"].tolist())
