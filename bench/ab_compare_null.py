@@ -2,7 +2,7 @@
 
 For every pair of captures of the same workload (uploaded vs not in the raw-CUPTI capture, both
 directions; the Kineto capture; first vs second half of each graph's replays) it runs
-graphmon.compare with no effect-size floor (min_shift_ns=0, min_rel=0) and records each stream's
+graphmon.analysis.compare with no effect-size floor (min_shift_ns=0, min_rel=0) and records each stream's
 shift, relative shift and adjusted p-value, plus the largest |shift| seen. Also records the
 injected 0.19->0.51 us widening (+320 ns on every gap) for contrast.
 
@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the shared test helpers
 
-from graphmon.compare import Thresholds, compare  # noqa: E402
-from graphmon.sources.readers import read_trace  # noqa: E402
-from tests.test_compare import half, only, widen  # noqa: E402
+from graphmon.analysis.compare import Thresholds, compare  # noqa: E402
+from graphmon.formats.read import read_trace  # noqa: E402
+from helpers import half, only, widen  # noqa: E402
 
 NATIVE = ROOT / "tests" / "data" / "h200-cupti-decode-v1.graphmon.npz"
 KINETO = ROOT / "tests" / "data" / "h200-kineto-decode-shapeA.json.gz"

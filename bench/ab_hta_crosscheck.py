@@ -22,8 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graphmon.analysis import analyze, grouped_sums  # noqa: E402
-from graphmon.sources.readers import read_trace  # noqa: E402
+from graphmon.analysis.replays import analyze, grouped_sums  # noqa: E402
+from graphmon.formats.read import read_trace  # noqa: E402
 
 KINETO = ROOT / "tests" / "data" / "h200-kineto-decode-shapeA.json.gz"
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from graphmon.analysis import analyze, grouped_quantiles
-from graphmon.report import graphs_summary
-from graphmon.snapshot import Aggregator
+from graphmon.analysis.replays import analyze, grouped_quantiles
+from graphmon.report.summary import graphs_summary
+from graphmon.export.snapshot import Aggregator
 from graphmon.sources.base import Window
-from graphmon.sources.readers import read_trace
-from graphmon.trace import Trace
+from graphmon.formats.read import read_trace
+from graphmon.model.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import decode_server as ds  # noqa: E402
 
 import graphmon  # noqa: E402
-from graphmon.attach import attached  # noqa: E402
+from graphmon.host.attach import attached  # noqa: E402
 from graphmon.sources.base import CaptureRequest  # noqa: E402
 
 R: dict = {"sections": {}, "errors": {}}
@@ -90,7 +90,7 @@ def versions():
         v["nvidia_cuda_cupti"] = version("nvidia-cuda-cupti")
     except Exception as e:
         v["cupti_python"] = repr(e)
-    from graphmon.sources.cupti import library_info
+    from graphmon.sources.cupti.collector import library_info
 
     v.update(library_info())  # the libcupti this process loaded (torch loads it at import)
     return v
@@ -359,7 +359,7 @@ def main() -> int:
     # ---------------------------------------------------------------- 8. graphmon run
     @section("graphmon_run", out)
     def _():
-        from graphmon.attach import run_command
+        from graphmon.host.attach import run_command
 
         t0 = time.monotonic()
         rc = run_command([sys.executable, os.path.join(os.path.dirname(ds.__file__), "decode_server.py"),
@@ -399,7 +399,7 @@ def _arm_settings(arm: str) -> dict:
 def _defaults():
     import inspect
 
-    from graphmon.sources.cupti import CuptiSource
+    from graphmon.sources.cupti.collector import CuptiSource
 
     p = inspect.signature(CuptiSource.__init__).parameters
     return {k: p[k].default for k in ("window_launches", "window_duration_ms", "interval_s", "drain_ms", "max_drain_ms",
@@ -407,7 +407,7 @@ def _defaults():
 
 
 def _summ(path):
-    from graphmon.sources.readers import read_trace
+    from graphmon.formats.read import read_trace
 
     t = read_trace(path)
     return {"path": os.path.basename(path), "bytes": os.path.getsize(path), "kernels": len(t),

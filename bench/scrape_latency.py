@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from graphmon.trace import GraphInfo, Trace
+from graphmon.model.trace import GraphInfo, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         if steps % args.sync_every == 0:
             torch.cuda.synchronize()  # bound the queue as a server's per-step sync does
     torch.cuda.synchronize()
-    from graphmon.attach import attached
+    from graphmon.host.attach import attached
 
     st = attached()
     info = ""

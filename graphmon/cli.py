@@ -18,9 +18,9 @@ class CliError(Exception):
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import analyze
-    from .report import analysis_json, format_table
-    from .sources.readers import read_trace
+    from graphmon.analysis.replays import analyze
+    from graphmon.report.summary import analysis_json, format_table
+    from graphmon.formats.read import read_trace
 
     docs = []
     for path in args.paths:
@@ -52,8 +52,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         import scipy  # noqa: F401  (the statistics need it; optional extra)
     except ImportError:
         raise CliError("graphmon compare needs scipy: pip install 'graphmon[ab]'") from None
-    from .compare import Thresholds, compare
-    from .sources.readers import read_trace
+    from graphmon.analysis.compare import Thresholds, compare
+    from graphmon.formats.read import read_trace
 
     pairs = []
     for spec in args.pair or ():
@@ -82,7 +82,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         import scipy  # noqa: F401
     except ImportError:
         raise CliError("graphmon ab needs scipy and matplotlib: pip install 'graphmon[ab]'") from None
-    from . import ab
+    from graphmon.analysis import ab
 
     if args.source_dir:
         arms, meta = ab.load_raw(args.source_dir)
@@ -137,7 +137,7 @@ def bundled_trace_path() -> str:
 def _settings_from_args(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from .settings import Settings
+    from graphmon.settings import Settings
 
     over = {k: v for k, v in {
         "host": args.host, "port": args.port, "token": args.token,
@@ -156,16 +156,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .exporter import Exporter
+    from graphmon.export.exporter import Exporter
 
     settings = _settings_from_args(args)
     if args.source == "cupti":
-        from .sources.cupti import CuptiSource
+        from graphmon.sources.cupti.collector import CuptiSource
 
         source = CuptiSource()
     else:
-        from .sources.readers import read_trace
-        from .sources.replay import ReplaySource
+        from graphmon.formats.read import read_trace
+        from graphmon.sources.replay import ReplaySource
 
         path = args.replay or bundled_trace_path()
         trace = read_trace(path, progress=None)
@@ -215,13 +215,13 @@ def _command_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .attach import run_command
+    from graphmon.host.attach import run_command
 
     return run_command(_command_argv(args), _attach_settings(args))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from .attach import record_command
+    from graphmon.host.attach import record_command
 
     if args.windows < 0:
         raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
@@ -231,7 +231,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _source_defaults() -> dict:
     import inspect
 
-    from .sources.cupti import CuptiSource  # imports no cupti: that happens when a source starts
+    from graphmon.sources.cupti.collector import CuptiSource  # imports no cupti: that happens when a source starts
 
     return {k: v.default for k, v in inspect.signature(CuptiSource.__init__).parameters.items()}
 
@@ -263,7 +263,7 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from graphmon import __version__
 
     p = argparse.ArgumentParser(prog="graphmon", description="CUDA-graph kernel-gap monitor")
     p.add_argument("--version", action="version", version=f"graphmon {__version__}")
@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .trace import TraceError
+    from graphmon.model.trace import TraceError
 
     parser = build_parser()
     args = parser.parse_args(argv)

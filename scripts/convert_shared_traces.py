@@ -26,8 +26,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from graphmon.sources.readers import read_trace, write_trace  # noqa: E402
-from graphmon.trace import Trace  # noqa: E402
+from graphmon.formats.read import read_trace, write_trace  # noqa: E402
+from graphmon.model.trace import Trace  # noqa: E402
 
 MAX_BUNDLED_BYTES = 4_000_000
 KEEP_REPLAYS = 40

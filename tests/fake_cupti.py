@@ -301,7 +301,7 @@ class FakeCupti:
 
 
 class FakeEvents:
-    """Event timing on the fake GPU clock (stands in for graphmon.sources.cupti.CudaEvents)."""
+    """Event timing on the fake GPU clock (stands in for graphmon.sources.cupti.collector.CudaEvents)."""
 
     def __init__(self, gpu: FakeCupti, capturing: set[int] | None = None) -> None:
         self.gpu = gpu

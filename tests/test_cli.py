@@ -121,7 +121,7 @@ def test_progress_bar_on_stderr_when_forced(tmp_path):
 
 
 def test_import_graphmon_is_light():
-    code = ("import sys, graphmon, graphmon.server, graphmon.cli, graphmon.analysis;"
+    code = ("import sys, graphmon, graphmon.export.server, graphmon.cli, graphmon.analysis.replays;"
             "bad = [m for m in ('torch', 'cupti', 'matplotlib', 'scipy') if m in sys.modules]; print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -146,9 +146,9 @@ def test_run_passes_exit_code_and_env_through(tmp_path):
 def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_path):
     import inspect
 
-    from graphmon.attach import SOURCE_KEYS
+    from graphmon.host.attach import SOURCE_KEYS
     from graphmon.cli import build_parser
-    from graphmon.sources.cupti import CuptiSource
+    from graphmon.sources.cupti.collector import CuptiSource
 
     code = "import os; print(os.environ.get('GRAPHMON_ATTACH_JSON'))"
     r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--close", "disable_first", "--max-drain-ms", "80",

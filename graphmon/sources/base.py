@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..trace import Trace
+from graphmon.model.trace import Trace
 
 
 @dataclass(frozen=True)

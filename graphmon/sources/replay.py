@@ -16,8 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..trace import Trace, TraceError
-from .base import CaptureRequest, Sink, Source, Window
+from graphmon.model.trace import Trace, TraceError
+from graphmon.sources.base import CaptureRequest, Sink, Source, Window
 
 
 class ReplaySource(Source):

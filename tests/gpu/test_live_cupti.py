@@ -18,7 +18,7 @@ def setup():
 
     import decode_server as ds
     import graphmon
-    from graphmon.attach import attached
+    from graphmon.host.attach import attached
 
     ex = graphmon.attach(port=0, interval_s=3600.0, first_window_s=3600.0)
     assert ex is not None
@@ -100,7 +100,7 @@ def test_records_match_cuda_events(setup):
     # Event i -> i+1 spans replay i+1 plus the GPU's idle time before it (the host may launch
     # slower than the GPU runs a small graph while the window's callbacks are on): graphmon's own
     # span + inter-replay gap of that replay must add up to the event interval.
-    from graphmon.analysis import NO_VALUE, analyze
+    from graphmon.analysis.replays import NO_VALUE, analyze
 
     r = analyze(t).replays
     assert len(r) == 40

@@ -1,0 +1,430 @@
+"""Regression detection between two traces: per graph and stream, did the kernel gaps shift?
+
+Unit of evidence: the **median gap of one stream in one replay** (graph launch). Gaps within a
+replay are not independent (one slow SM phase lengthens many of them) and tick at 32 ns, so
+testing the raw gaps would call every ±1-tick wobble "significant" with thousands of ties.
+Per-replay medians are one number per launch, independent across launches to a good
+approximation, and robust to the odd stalled kernel.
+
+A (graph, stream) pair is flagged as a **regression** only when all of these hold:
+- at least ``min_replays`` replays with gaps on each side;
+- the median of the per-replay medians grew by at least ``min_shift_ns`` (default 128 ns = 4
+  ticks) AND by at least ``min_rel`` of the baseline (default 20%);
+- a two-sided Mann-Whitney U test on the per-replay medians (scipy; tie-corrected, so the 32 ns
+  quantisation is handled) gives a p-value below ``alpha`` after a Bonferroni correction over all
+  tested pairs.
+The same rule with the sign reversed reports an "improvement" (never fails CI).
+
+Why 128 ns / 20% and not 2 ticks / 10%: two captures of the *same* graph differ (instance-to-
+instance variance). In the bundled H200 capture, decode_bs2 uploaded vs not differ by +80 ns
+(+11.6%) on one side stream, Bonferroni-adjusted p = 1e-5; a 2-tick/10% rule would flag that. Across all
+null pairs, 9 streams have p_adj < 0.01 with |shift| <= 80 ns (<= 11.6%). The numbers are in
+docs/ab/compare-null.json (bench/ab_compare_null.py). The motivating regression (0.19 -> 0.51 µs,
++320 ns, +168%) is far above both thresholds. The price: a real gap shift below 128 ns or 20%
+is reported (shift, CI, p) but not flagged, and replay span is informational only, since one
+capture per side cannot separate a 1-2% span change from ±1.5% instance variance (use
+``graphmon ab`` with several instances per arm for that).
+
+Matching graphs (first rule that applies, each graph used once):
+  1. explicit pairs (``pairs=``/``--pair BASE=CUR``, by display name, label or key); when pairs
+     are given, only they are compared;
+  2. same label (the application's name for the graph) on the same device;
+  3. same key (e.g. "g12": only meaningful within one process) on the same device;
+  4. same signature = (median kernels per replay, number of streams), only when exactly one
+     unmatched graph on each side has it.
+Matching streams: by stream id when both graphs use the same set of ids; otherwise by rank.
+A stream's rank is its position when the streams of one replay are ordered by their first
+kernel's start; a stream's rank for the graph is the median of its per-replay ranks (ties broken
+by id). Stream ids differ between captures (each capture makes its own side streams) while the
+fork order inside a graph is fixed by its dependencies, so rank order pairs up the same role.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from graphmon.analysis.replays import grouped_quantiles
+from graphmon.model.trace import Trace, TraceError
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as a real change (see the module docstring for the reasons)."""
+
+    min_shift_ns: float = 128.0
+    min_rel: float = 0.20
+    alpha: float = 0.01
+    min_replays: int = 5
+    n_resamples: int = 2000  # bootstrap resamples for the CI of the shift
+    confidence: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.min_shift_ns >= 0 and self.min_rel >= 0):
+            raise TraceError("thresholds must be >= 0")
+        if not 0 < self.alpha < 1 or not 0 < self.confidence < 1:
+            raise TraceError("alpha and confidence must be in (0, 1)")
+        if self.min_replays < 2:
+            raise TraceError("min_replays must be >= 2")
+
+
+@dataclass(frozen=True)
+class ReplayStreamGaps:
+    """One row per (replay, stream) of the graph kernels of a trace."""
+
+    device: np.ndarray  # int32
+    graph: np.ndarray  # int32 index into trace.graphs
+    correlation_id: np.ndarray  # int64, identifies the replay with device
+    replay: np.ndarray  # int64 replay number (0..R-1, in (device, correlation) order)
+    stream: np.ndarray  # int64
+    rank: np.ndarray  # int64 rank of the stream's first kernel start within its replay
+    first_start_ns: np.ndarray  # int64 first kernel start on this stream in this replay
+    gap_count: np.ndarray  # int64
+    gap_sum_ns: np.ndarray  # int64
+    median_gap_ns: np.ndarray  # float64, NaN when the stream ran one kernel in that replay
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+
+def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
+    """Per-replay, per-stream gap figures (same gap definition as :func:`graphmon.analysis.replays.analyze`)."""
+    return replay_stream_gaps_with_values(trace)[0]
+
+
+def replay_stream_gaps_with_values(trace: Trace) -> tuple[ReplayStreamGaps, np.ndarray, np.ndarray]:
+    """:func:`replay_stream_gaps` plus every gap value (int64 ns) and its row in the result."""
+    idx = np.flatnonzero(trace.graph >= 0)
+    dev, corr, stream = trace.device[idx], trace.correlation_id[idx], trace.stream[idx]
+    start, end, graph = trace.start_ns[idx], trace.end_ns[idx], trace.graph[idx]
+    o = np.lexsort((end, start, stream, corr, dev))
+    dev, corr, stream, start, end, graph = (a[o] for a in (dev, corr, stream, start, end, graph))
+    n = len(start)
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return ReplayStreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, z, z, z, z, z, z, np.zeros(0)), z, z
+    new_replay = np.r_[True, (dev[1:] != dev[:-1]) | (corr[1:] != corr[:-1])]
+    new_group = new_replay | np.r_[True, stream[1:] != stream[:-1]]
+    heads = np.flatnonzero(new_group)
+    gid = np.cumsum(new_group) - 1
+    rid_of_group = (np.cumsum(new_replay) - 1)[heads]
+    same = gid[1:] == gid[:-1]
+    gap = (start[1:] - end[:-1])[same]
+    ggrp = gid[1:][same]
+    # Sort gaps within each group for exact medians (numpy's linear interpolation).
+    go = np.lexsort((gap, ggrp))
+    gap, ggrp = gap[go], ggrp[go]
+    counts = np.bincount(ggrp, minlength=len(heads)).astype(np.int64)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    med = grouped_quantiles(gap, offsets, (0.5,))[:, 0]
+    sums = np.zeros(len(heads), np.int64)
+    nz = counts > 0
+    if nz.any():
+        sums[nz] = np.add.reduceat(gap, offsets[:-1][nz])
+    first = start[heads]  # rows sorted by start within the group
+    # Rank of each stream within its replay by first start (ties by stream id).
+    ro = np.lexsort((stream[heads], first, rid_of_group))
+    rr = rid_of_group[ro]
+    rhead = np.r_[True, rr[1:] != rr[:-1]]
+    pos = np.arange(len(ro)) - np.maximum.accumulate(np.where(rhead, np.arange(len(ro)), 0))
+    rank = np.empty(len(ro), np.int64)
+    rank[ro] = pos
+    return ReplayStreamGaps(
+        device=dev[heads], graph=graph[heads], correlation_id=corr[heads], replay=rid_of_group.astype(np.int64),
+        stream=stream[heads], rank=rank, first_start_ns=first, gap_count=counts, gap_sum_ns=sums,
+        median_gap_ns=med,
+    ), gap, ggrp
+
+
+# ---------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class StreamShift:
+    graph: str  # "base-name" or "base-name -> cur-name" when the names differ
+    device: int
+    stream_baseline: int
+    stream_current: int
+    rank: int
+    replays_baseline: int
+    replays_current: int
+    median_baseline_ns: float  # median over replays of the per-replay median gap
+    median_current_ns: float
+    shift_ns: float  # current - baseline
+    rel_shift: float  # shift / baseline (inf when the baseline median is 0)
+    ci_low_ns: float  # bootstrap percentile CI of shift_ns
+    ci_high_ns: float
+    cliffs_delta: float  # P(cur > base) - P(cur < base) over replay pairs, in [-1, 1]
+    p_value: float  # Mann-Whitney U, two-sided, on per-replay medians
+    p_adjusted: float  # Bonferroni over all tested pairs
+    verdict: str  # regression | improvement | unchanged | insufficient
+
+
+@dataclass(frozen=True)
+class GraphPair:
+    baseline: str
+    current: str
+    device: int
+    matched_by: str  # explicit | label | key | signature
+    streams_matched_by: str  # id | rank
+    kernels_per_replay_baseline: float
+    kernels_per_replay_current: float
+    replays_baseline: int
+    replays_current: int
+    span_median_baseline_ns: float
+    span_median_current_ns: float
+    span_rel_shift: float  # informational only: never flagged (see docs)
+    unmatched_streams_baseline: list[int] = field(default_factory=list)
+    unmatched_streams_current: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    graphs: list[GraphPair]
+    streams: list[StreamShift]
+    unmatched_baseline: list[str]
+    unmatched_current: list[str]
+    thresholds: Thresholds
+
+    @property
+    def regressions(self) -> list[StreamShift]:
+        return [s for s in self.streams if s.verdict == "regression"]
+
+    def to_json(self) -> dict:
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+            return v
+
+        return {
+            "regression": bool(self.regressions),
+            "thresholds": asdict(self.thresholds),
+            "graphs": [{k: clean(v) for k, v in asdict(g).items()} for g in self.graphs],
+            "streams": [{k: clean(v) for k, v in asdict(s).items()} for s in self.streams],
+            "unmatched_baseline": self.unmatched_baseline,
+            "unmatched_current": self.unmatched_current,
+        }
+
+    def format_table(self) -> str:
+        th = self.thresholds
+        lines = [
+            f"flag rule: shift >= {th.min_shift_ns:g} ns AND >= {th.min_rel:.0%} AND Mann-Whitney p_adj < {th.alpha:g} "
+            "(per-replay median gaps)",
+        ]
+        for g in self.graphs:
+            name = g.baseline if g.baseline == g.current else f"{g.baseline} -> {g.current}"
+            lines.append("")
+            lines.append(
+                f"graph {name} (device {g.device}; matched by {g.matched_by}, streams by {g.streams_matched_by}; "
+                f"replays {g.replays_baseline}/{g.replays_current}; kernels/replay "
+                f"{g.kernels_per_replay_baseline:g}/{g.kernels_per_replay_current:g}; span median "
+                f"{g.span_median_baseline_ns / 1e3:.2f} -> {g.span_median_current_ns / 1e3:.2f} us "
+                f"({g.span_rel_shift:+.2%}, informational))"
+            )
+            lines.append(f"  {'stream':>15} {'base ns':>9} {'cur ns':>9} {'shift':>8} {'rel':>8} "
+                         f"{'95% CI ns':>17} {'cliff':>6} {'p_adj':>9}  verdict")
+            for s in self.streams:
+                if s.graph != _pair_name(g.baseline, g.current) or s.device != g.device:
+                    continue
+                st = str(s.stream_baseline) if s.stream_baseline == s.stream_current else f"{s.stream_baseline}->{s.stream_current}"
+                lines.append(
+                    f"  {st:>15} {s.median_baseline_ns:9.1f} {s.median_current_ns:9.1f} {s.shift_ns:+8.1f} "
+                    f"{s.rel_shift:+8.1%} {f'[{s.ci_low_ns:+.0f}, {s.ci_high_ns:+.0f}]':>17} {s.cliffs_delta:+6.2f} "
+                    f"{s.p_adjusted:9.2g}  {s.verdict.upper() if s.verdict == 'regression' else s.verdict}"
+                )
+            for label, ids in (("baseline", g.unmatched_streams_baseline), ("current", g.unmatched_streams_current)):
+                if ids:
+                    lines.append(f"  streams only in {label}: {', '.join(map(str, ids))}")
+        for label, names in (("baseline", self.unmatched_baseline), ("current", self.unmatched_current)):
+            if names:
+                lines.append(f"graphs only in {label}: {', '.join(names)}")
+        n = len(self.regressions)
+        lines.append("")
+        lines.append(f"REGRESSION on {n} stream(s)" if n else "no regression")
+        return "\n".join(lines)
+
+
+def _pair_name(b: str, c: str) -> str:
+    return b if b == c else f"{b} -> {c}"
+
+
+# ---------------------------------------------------------------------- matching
+@dataclass
+class _Unit:
+    device: int
+    graph: int
+    name: str
+    key: str
+    label: str
+    kernels: float
+    streams: int
+    rows: np.ndarray  # rows of ReplayStreamGaps
+    spans: np.ndarray
+
+
+def _units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
+    from graphmon.analysis.replays import analyze
+
+    names = trace.graph_names()
+    rep = analyze(trace).replays
+    out = []
+    pairs = sorted(set(zip(rsg.device.tolist(), rsg.graph.tolist())))
+    for d, g in pairs:
+        rows = np.flatnonzero((rsg.device == d) & (rsg.graph == g))
+        rsel = (rep.device == d) & (rep.graph == g)
+        info = trace.graphs[g]
+        out.append(_Unit(d, g, names[g], info.key, info.label, float(np.median(rep.kernels[rsel])),
+                         len(np.unique(rsg.stream[rows])), rows, rep.span_ns[rsel]))
+    return out
+
+
+def _match_graphs(base: list[_Unit], cur: list[_Unit], pairs: Sequence[tuple[str, str]]):
+    matched: list[tuple[_Unit, _Unit, str]] = []
+    b_left, c_left = list(base), list(cur)
+
+    def take(bu, cu, how):
+        matched.append((bu, cu, how))
+        b_left.remove(bu)
+        c_left.remove(cu)
+
+    for bn, cn in pairs:
+        bs = [u for u in b_left if bn in (u.name, u.key, u.label)]
+        cs = [u for u in c_left if cn in (u.name, u.key, u.label)]
+        if not bs or not cs:
+            missing = bn if not bs else cn
+            raise TraceError(f"--pair {bn}={cn}: no unmatched graph named {missing!r} in the "
+                             f"{'baseline' if not bs else 'current'} trace")
+        for bu in bs:
+            cu = next((c for c in cs if c.device == bu.device and c in c_left), None)
+            if cu is not None:
+                take(bu, cu, "explicit")
+    if pairs:  # the user said which graphs to compare: nothing else is matched automatically
+        return matched, b_left, c_left
+    for attr, how in (("label", "label"), ("key", "key")):
+        for bu in list(b_left):
+            v = getattr(bu, attr)
+            if not v:
+                continue
+            cands = [c for c in c_left if c.device == bu.device and getattr(c, attr) == v]
+            if len(cands) == 1 and sum(1 for b in b_left if b.device == bu.device and getattr(b, attr) == v) == 1:
+                take(bu, cands[0], how)
+    for bu in list(b_left):
+        sig = (bu.device, bu.kernels, bu.streams)
+        bs = [b for b in b_left if (b.device, b.kernels, b.streams) == sig]
+        cs = [c for c in c_left if (c.device, c.kernels, c.streams) == sig]
+        if len(bs) == 1 and len(cs) == 1:
+            take(bu, cs[0], "signature")
+    return matched, b_left, c_left
+
+
+def _stream_order(rsg: ReplayStreamGaps, rows: np.ndarray) -> list[int]:
+    """Streams of a graph ordered by median per-replay rank of their first kernel (ties: id)."""
+    st = rsg.stream[rows]
+    ids = np.unique(st)
+    med = [float(np.median(rsg.rank[rows][st == s])) for s in ids]
+    return [int(s) for _, s in sorted(zip(med, ids.tolist()))]
+
+
+def _match_streams(rb: ReplayStreamGaps, bu: _Unit, rc: ReplayStreamGaps, cu: _Unit):
+    sb = set(np.unique(rb.stream[bu.rows]).tolist())
+    sc = set(np.unique(rc.stream[cu.rows]).tolist())
+    if sb == sc:
+        return [(s, s, i) for i, s in enumerate(_stream_order(rb, bu.rows))], "id", [], []
+    ob, oc = _stream_order(rb, bu.rows), _stream_order(rc, cu.rows)
+    k = min(len(ob), len(oc))
+    return [(ob[i], oc[i], i) for i in range(k)], "rank", ob[k:], oc[k:]
+
+
+# ---------------------------------------------------------------------- statistics
+def shift_test(base: np.ndarray, cur: np.ndarray, th: Thresholds) -> dict:
+    """Median shift, bootstrap CI, Cliff's delta and Mann-Whitney p of two samples of per-replay medians."""
+    from scipy import stats
+
+    base = np.asarray(base, np.float64)
+    cur = np.asarray(cur, np.float64)
+    mb, mc = float(np.median(base)), float(np.median(cur))
+    shift = mc - mb
+    rel = shift / mb if mb != 0 else (0.0 if shift == 0 else math.copysign(math.inf, shift))
+    if len(np.unique(np.r_[base, cur])) == 1:
+        p, delta = 1.0, 0.0  # identical constant samples: nothing to test
+    else:
+        res = stats.mannwhitneyu(cur, base, alternative="two-sided", method="asymptotic")
+        p = float(res.pvalue)
+        delta = 2.0 * float(res.statistic) / (len(cur) * len(base)) - 1.0
+
+    def dmed(x, y, axis=-1):
+        return np.median(x, axis=axis) - np.median(y, axis=axis)
+
+    ci = stats.bootstrap((cur, base), dmed, n_resamples=th.n_resamples, confidence_level=th.confidence,
+                         method="percentile", vectorized=True, rng=np.random.default_rng(th.seed))
+    return {"median_baseline_ns": mb, "median_current_ns": mc, "shift_ns": shift, "rel_shift": rel,
+            "ci_low_ns": float(ci.confidence_interval.low), "ci_high_ns": float(ci.confidence_interval.high),
+            "cliffs_delta": delta, "p_value": p}
+
+
+def verdict(shift_ns: float, rel_shift: float, p_adjusted: float, th: Thresholds) -> str:
+    big = abs(shift_ns) >= th.min_shift_ns and abs(rel_shift) >= th.min_rel
+    if not big or not p_adjusted < th.alpha:
+        return "unchanged"
+    return "regression" if shift_ns > 0 else "improvement"
+
+
+def compare(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]] = (),
+            thresholds: Thresholds | None = None) -> Comparison:
+    """Compare the per-stream gap distributions of the graphs of two traces (see module docs)."""
+    th = thresholds or Thresholds()
+    rb, rc = replay_stream_gaps(baseline), replay_stream_gaps(current)
+    ub, uc = _units(baseline, rb), _units(current, rc)
+    if not ub:
+        raise TraceError("baseline trace has no graph kernels to compare")
+    if not uc:
+        raise TraceError("current trace has no graph kernels to compare")
+    matched, b_left, c_left = _match_graphs(ub, uc, pairs)
+    if not matched:
+        raise TraceError("no graph of the baseline matches a graph of the current trace "
+                         "(by label, key or kernel/stream signature); name pairs with --pair BASE=CUR")
+
+    graphs: list[GraphPair] = []
+    pending: list[dict] = []
+    for bu, cu, how in matched:
+        smatch, smode, ob, oc = _match_streams(rb, bu, rc, cu)
+        from scipy import stats  # noqa: F401  (fail early with a clear ImportError)
+
+        span_b, span_c = float(np.median(bu.spans)), float(np.median(cu.spans))
+        graphs.append(GraphPair(
+            baseline=bu.name, current=cu.name, device=bu.device, matched_by=how, streams_matched_by=smode,
+            kernels_per_replay_baseline=bu.kernels, kernels_per_replay_current=cu.kernels,
+            replays_baseline=len(bu.spans), replays_current=len(cu.spans),
+            span_median_baseline_ns=span_b, span_median_current_ns=span_c,
+            span_rel_shift=(span_c - span_b) / span_b if span_b else 0.0,
+            unmatched_streams_baseline=ob, unmatched_streams_current=oc,
+        ))
+        for s_b, s_c, rank in smatch:
+            vb = rb.median_gap_ns[bu.rows][rb.stream[bu.rows] == s_b]
+            vc = rc.median_gap_ns[cu.rows][rc.stream[cu.rows] == s_c]
+            vb, vc = vb[np.isfinite(vb)], vc[np.isfinite(vc)]
+            row = {"graph": _pair_name(bu.name, cu.name), "device": bu.device, "stream_baseline": s_b,
+                   "stream_current": s_c, "rank": rank, "replays_baseline": len(vb), "replays_current": len(vc)}
+            if min(len(vb), len(vc)) < th.min_replays:
+                nan = float("nan")
+                row.update(median_baseline_ns=float(np.median(vb)) if len(vb) else nan,
+                           median_current_ns=float(np.median(vc)) if len(vc) else nan,
+                           shift_ns=nan, rel_shift=nan, ci_low_ns=nan, ci_high_ns=nan, cliffs_delta=nan,
+                           p_value=nan, tested=False)
+            else:
+                row.update(shift_test(vb, vc, th), tested=True)
+            pending.append(row)
+    m = sum(1 for r in pending if r["tested"])
+    streams = []
+    for r in pending:
+        tested = r.pop("tested")
+        if tested:
+            p_adj = min(1.0, r["p_value"] * m)
+            v = verdict(r["shift_ns"], r["rel_shift"], p_adj, th)
+        else:
+            p_adj, v = float("nan"), "insufficient"
+        streams.append(StreamShift(**r, p_adjusted=p_adj, verdict=v))
+    return Comparison(graphs=graphs, streams=streams, unmatched_baseline=[u.name for u in b_left],
+                      unmatched_current=[u.name for u in c_left], thresholds=th)

@@ -1,0 +1,101 @@
+"""The Prometheus collector: golden /metrics for a fixed replayed real trace, checked by promtool."""
+
+import subprocess
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from graphmon.export.collector import make_registry, render_text
+from graphmon.model.trace import GraphInfo
+from graphmon.export.snapshot import Aggregator
+from graphmon.sources.base import SourceHealth, Window
+from graphmon.formats.read import read_trace
+from graphmon.sources.replay import ReplaySource
+
+from _promutil import require_binary
+from helpers import DATA, NATIVE, synthetic_trace, window
+
+GOLDEN = DATA / "golden-metrics.txt"
+
+
+def golden_text() -> str:
+    src = ReplaySource(read_trace(NATIVE), interval_s=0.5, name="golden")
+    agg = Aggregator(backend_info={"backend": "replay", "version": "1", "source": "golden"})
+    for i in range(2):
+        w = src.next_window()
+        agg.ingest(Window(trace=w.trace, started_s=1_800_000_000.0 + i, ended_s=1_800_000_000.5 + i))
+    return generate_latest(make_registry(agg.snapshot)).decode()
+
+
+def test_golden_metrics(regen_golden):
+    text = golden_text()
+    if regen_golden:
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "metrics changed: review, then run pytest --regen-golden"
+
+
+def test_golden_passes_promtool_check_metrics():
+    promtool = require_binary("promtool")
+    r = subprocess.run([promtool, "check", "metrics"], input=GOLDEN.read_text(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_histogram_values_match_snapshot():
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(gap_ns=500, replays=2, kernels_per_stream=3)))
+    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    h = fams["graphmon_kernel_gap_seconds"]
+    buckets = {s.labels["le"]: s.value for s in h.samples if s.name.endswith("_bucket")}
+    assert buckets["4.48e-07"] == 0 and buckets["5.12e-07"] == 4 and buckets["+Inf"] == 4
+    total = [s.value for s in h.samples if s.name.endswith("_sum")][0]
+    assert total == pytest.approx(4 * 500e-9)
+    q = {s.labels["quantile"]: s.value for s in fams["graphmon_kernel_gap_quantile_seconds"].samples if "quantile" in s.labels}
+    assert q == {"0.1": pytest.approx(5e-7), "0.5": pytest.approx(5e-7), "0.9": pytest.approx(5e-7), "0.99": pytest.approx(5e-7)}
+    counts = [s.value for s in fams["graphmon_kernel_gap_quantile_seconds"].samples if s.name.endswith("_count")]
+    assert counts == [4]
+    assert fams["graphmon_up"].samples[0].value == 1
+
+
+def test_down_source_still_renders_health():
+    agg = Aggregator(health=lambda: SourceHealth(up=False, state="blocked", reason="another CUPTI subscriber"))
+    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    assert fams["graphmon_up"].samples[0].value == 0
+    info = fams["graphmon_collector_info"].samples[0].labels
+    assert info["state"] == "blocked" and "CUPTI" in info["reason"]
+
+
+def test_openmetrics_output_parses():
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace()))
+    text = generate_openmetrics(make_registry(agg.snapshot)).decode()
+    assert text.rstrip().endswith("# EOF")
+    assert "graphmon_kernel_gap_seconds_bucket" in text
+
+
+def test_observer_slowdown_exported_when_known():
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(), observer_slowdown=1.125))
+    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    assert fams["graphmon_observer_slowdown_ratio"].samples[0].value == 1.125
+
+
+def test_render_text_is_byte_identical_to_prometheus_client():
+    # The golden snapshot, and label values that need escaping (quote, backslash, newline, UTF-8).
+    src = ReplaySource(read_trace(NATIVE), interval_s=0.5, name="golden")
+    agg = Aggregator()
+    agg.ingest(src.next_window())
+    reg = make_registry(agg.snapshot)
+    assert render_text(reg) == generate_latest(reg)
+    t = synthetic_trace(n_streams=3)
+    t = t.with_graphs([GraphInfo(key="g1", graph_id=1, label='we"ird\\lab\nel \u00fc', upload_mode="lazy")])
+    agg = Aggregator(backend_info={"backend": 'a"b\\c'})
+    agg.ingest(window(t, observer_slowdown=1.5))
+    reg = make_registry(agg.snapshot)
+    assert render_text(reg) == generate_latest(reg)
+    assert '\\"' in render_text(reg).decode()

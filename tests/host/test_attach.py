@@ -1,0 +1,144 @@
+"""attach()/detach()/label_graph() in-process (fake cupti) and graphmon run's sitecustomize hook."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import httpx
+import numpy as np
+import pytest
+
+import graphmon
+import importlib
+
+attach_mod = importlib.import_module("graphmon.host.attach")  # the module (graphmon.attach is the function)
+from graphmon.formats.read import read_trace
+
+from fake_cupti import FakeCupti, decode_like  # noqa: E402
+
+FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    graphmon.detach(timeout_s=2.0)
+
+
+def _launch_until(fake, h, pred, timeout=10.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        fake.launch(h, 7)
+        time.sleep(0.001)
+        if pred():
+            return True
+    return False
+
+
+def test_attach_serves_metrics_is_idempotent_and_detaches(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    fake = FakeCupti()
+    ex = graphmon.attach(cupti=fake, port=0, **FAST)
+    assert ex is not None and ex.bound_port
+    h = fake.instantiate(decode_like(2))
+    assert _launch_until(fake, h, lambda: len(ex.snapshot().windows) >= 1)
+    r = httpx.get(f"http://127.0.0.1:{ex.bound_port}/metrics", timeout=5)
+    assert r.status_code == 200 and "graphmon_up 1" in r.text
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        again = graphmon.attach(cupti=FakeCupti(), port=0)
+    assert again is ex and any("already attached" in str(x.message) for x in w)
+    port = ex.bound_port
+    graphmon.detach()
+    assert fake.subscriber is None and fake.finalize_calls == 0
+    assert attach_mod.attached() is None
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
+
+
+def test_port_is_base_plus_local_rank(monkeypatch):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    base = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    ex = graphmon.attach(cupti=FakeCupti(), port=base - 1, **FAST)
+    assert ex is not None and ex.bound_port == base
+
+
+def test_attach_failure_returns_none_instead_of_raising():
+    assert graphmon.attach(cupti=FakeCupti(), port=-5) is None  # invalid setting
+    assert attach_mod.attached() is None
+    assert graphmon.label_graph(object(), name="x") is None  # logged, not raised
+
+
+def test_record_mode_saves_native_trace(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    fake = FakeCupti()
+    out = tmp_path / "rec.graphmon.npz"
+    src = graphmon.attach(cupti=fake, record_path=str(out), record_windows=2, **FAST)
+    h = fake.instantiate(decode_like(2))
+    fake.upload(h, 7)
+    graphmon.label_graph(h, name="decode_bs1", batch_size=1)
+    assert _launch_until(fake, h, lambda: out.exists())
+    graphmon.detach()
+    t = read_trace(str(out))
+    assert len(t) > 0 and len(t) % 6 == 0  # whole launches of a 6-kernel graph
+    assert t.meta["windows"] == 2
+    g = t.graphs[0]
+    assert (g.label, g.batch_size, g.upload_mode) == ("decode_bs1", 1, "uploaded")
+    assert not fake.activity  # tracing stopped once the windows were recorded
+
+
+def test_rank_path():
+    env = dict(os.environ)
+    try:
+        os.environ["RANK"] = "3"
+        assert attach_mod._rank_path("/x/t.graphmon.npz") == "/x/t.rank3.graphmon.npz"
+        os.environ.pop("RANK")
+        os.environ.pop("LOCAL_RANK", None)
+        assert attach_mod._rank_path("/x/t.npz") == "/x/t.npz"
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def test_run_command_attaches_via_sitecustomize_chains_and_returns_exit_code(tmp_path, monkeypatch):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE_RAN'] = '1'\n")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    out = tmp_path / "out.txt"
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from graphmon.host.attach import attached
+        st = attached()
+        with open({str(out)!r}, "w") as fh:
+            fh.write(f"{{st is not None}} {{os.environ.get('OTHER_SITECUSTOMIZE_RAN')}} "
+                     f"{{st.exporter.bound_port if st else None}} {{st.source.health().state if st else None}}")
+        sys.exit(3)
+    """)
+    rc = attach_mod.run_command(["--", sys.executable, "-c", code], {"port": 0, "blocked_retry_s": 0.05})
+    assert rc == 3
+    attached, other_ran, port, _state = out.read_text().split()
+    assert attached == "True" and other_ran == "1" and port.isdigit() and int(port) > 0
+
+
+def test_run_command_missing_command():
+    assert attach_mod.run_command(["--"], {}) == 2
+    assert attach_mod.run_command(["/nonexistent/graphmon-test-cmd"], {}) == 127
+
+
+def test_hook_opt_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHMON_ATTACH", "0")
+    out = tmp_path / "o.txt"
+    code = f"from graphmon.host.attach import attached; open({str(out)!r}, 'w').write(str(attached()))"
+    assert attach_mod.run_command([sys.executable, "-c", code], {"port": 0}) == 0
+    assert out.read_text() == "None"
