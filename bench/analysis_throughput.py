@@ -20,7 +20,7 @@ import numpy as np
 from graphmon.analysis.replays import analyze, grouped_quantiles
 from graphmon.report.summary import graphs_summary
 from graphmon.export.snapshot import Aggregator
-from graphmon.sources.base import Window
+from graphmon.model.window import Window
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace
 

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     R["libs"]["after_torch_import"] = gc.library_info()
     import decode_server as ds
 
-    from graphmon.sources.base import CaptureRequest
+    from graphmon.model.window import CaptureRequest
 
     src = gc.CuptiSource(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, close=a.close)
     windows: list = []

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphmon.sources.base import Window
+from graphmon.model.window import Window
 from graphmon.model.trace import GraphInfo, Trace
 
 DATA = Path(__file__).parent / "data"

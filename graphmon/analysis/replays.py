@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphmon.model.trace import Trace
+from graphmon.model.trace import Trace, replay_key
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -93,7 +93,7 @@ def analyze(trace: Trace) -> Analysis:
     if len(dev) == 0:
         return Analysis(trace, _empty_replays(), _empty_gaps())
     # 1. replays: stable sort by (device, correlation id)
-    dc = (dev.astype(np.int64) << 48) ^ corr
+    dc = replay_key(dev, corr)
     o1 = np.argsort(dc, kind="stable")
     dcs = dc[o1]
     new = np.empty(len(dcs), dtype=bool)
@@ -237,10 +237,10 @@ def _launch_info(trace: Trace, rdev, rcorr, first):
     L = trace.launches
     if len(L["correlation_id"]) == 0:
         return latency, lstream
-    lkey = (L["device"].astype(np.int64) << 48) ^ L["correlation_id"]
+    lkey = replay_key(L["device"], L["correlation_id"])
     order = np.argsort(lkey, kind="stable")
     skey = lkey[order]
-    rkey = (rdev.astype(np.int64) << 48) ^ rcorr
+    rkey = replay_key(rdev, rcorr)
     pos = np.clip(np.searchsorted(skey, rkey), 0, len(skey) - 1)
     hit = skey[pos] == rkey
     row = order[pos]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from graphmon import __version__
 from graphmon.export.collector import SnapshotCollector, make_registry, render_text
-from graphmon.sources.base import CaptureRequest
+from graphmon.model.window import CaptureRequest
 
 if TYPE_CHECKING:
     from graphmon.export.exporter import Exporter

@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from graphmon.analysis.replays import NO_VALUE, QUANTILES, Analysis, analyze, grouped_quantiles
-from graphmon.sources.base import SourceHealth, Window
+from graphmon.model.window import SourceHealth, Window
 from graphmon.model.trace import Trace
 
 log = logging.getLogger("graphmon")

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from graphmon.model.trace import GraphInfo, Trace, TraceError
+from graphmon.model.trace import GraphInfo, Trace, TraceError, replay_key
 
 __all__ = ["ReadLimits", "read_trace", "write_trace", "RAW_CUPTI_OFFSET_NS"]
 
@@ -644,9 +644,9 @@ def _with_launch_graphs(t: Trace) -> Trace:
     lc = t.launches
     if not len(lc["correlation_id"]) or not len(t):
         return t
-    kkey = (t.device.astype(np.int64) << 48) ^ t.correlation_id  # as Trace keys (device, correlation)
+    kkey = replay_key(t.device, t.correlation_id)  # as Trace keys (device, correlation)
     ukey, first = np.unique(kkey, return_index=True)
-    lkey = (lc["device"].astype(np.int64) << 48) ^ lc["correlation_id"]
+    lkey = replay_key(lc["device"], lc["correlation_id"])
     pos = np.clip(np.searchsorted(ukey, lkey), 0, len(ukey) - 1)
     hit = ukey[pos] == lkey
     graph = np.where(hit, t.graph[first[pos]], lc["graph"]).astype(np.int32)

@@ -371,10 +371,10 @@ def _resolve_graphs(c, launch, graphs: list[GraphInfo], names, labels):
     # 1. launch rows that name a graph, matched by (device, correlation id)
     lc = launch["correlation_id"]
     if len(lc):
-        lkey = _dev_corr_key(launch["device"], lc)
+        lkey = replay_key(launch["device"], lc)
         order = np.argsort(lkey, kind="stable")
         skey = lkey[order]
-        kkey = _dev_corr_key(c["device"], c["correlation_id"])
+        kkey = replay_key(c["device"], c["correlation_id"])
         pos = np.clip(np.searchsorted(skey, kkey), 0, len(skey) - 1)
         hit = skey[pos] == kkey
         lrow = np.where(hit, order[pos], -1)
@@ -400,7 +400,7 @@ def _resolve_graphs(c, launch, graphs: list[GraphInfo], names, labels):
     todo = (kernel_graph < 0) & (lrow >= 0)
     if todo.any():
         sel = np.flatnonzero(todo)
-        key = _dev_corr_key(c["device"][sel], c["correlation_id"][sel])
+        key = replay_key(c["device"][sel], c["correlation_id"][sel])
         order = np.argsort(key, kind="stable")
         sel, key = sel[order], key[order]
         bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
@@ -464,6 +464,10 @@ def _duplicates(c: Mapping[str, np.ndarray], keep: np.ndarray) -> np.ndarray:
     return dup
 
 
-def _dev_corr_key(device: np.ndarray, corr: np.ndarray) -> np.ndarray:
-    # Correlation ids are per process and < 2^48 in practice; devices < 2^15.
-    return (device.astype(np.int64) << 48) ^ corr.astype(np.int64)
+def replay_key(device: np.ndarray, corr: np.ndarray) -> np.ndarray:
+    """One int64 per (device, correlation id): the key of a graph replay (launch) everywhere.
+
+    Readers bound device ids to 2**15 and correlation ids to 2**48, so the key is unique.
+    """
+    return (np.asarray(device).astype(np.int64) << 48) ^ np.asarray(corr).astype(np.int64)
+

@@ -16,8 +16,9 @@ from typing import Optional
 
 import numpy as np
 
-from graphmon.model.trace import Trace, TraceError
-from graphmon.sources.base import CaptureRequest, Sink, Source, Window
+from graphmon.model.trace import Trace, TraceError, replay_key
+from graphmon.model.window import CaptureRequest, Window
+from graphmon.sources.base import Sink, Source
 
 
 class ReplaySource(Source):
@@ -33,7 +34,7 @@ class ReplaySource(Source):
         self.trace, self.interval_s, self.speed, self.loop = trace, interval_s, speed, loop
         self.name = name
         self.max_windows = max_windows
-        key = (trace.device.astype(np.int64) << 48) ^ trace.correlation_id
+        key = replay_key(trace.device, trace.correlation_id)
         _, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
         rstart = np.full(inv.max() + 1, np.iinfo(np.int64).max, dtype=np.int64)

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from graphmon.export.collector import make_registry, render_text
 from graphmon.model.trace import GraphInfo
 from graphmon.export.snapshot import Aggregator
-from graphmon.sources.base import SourceHealth, Window
+from graphmon.model.window import SourceHealth, Window
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
 

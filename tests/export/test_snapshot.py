@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from graphmon.export.snapshot import GAP_BUCKETS_NS, Aggregator, TraceStore, bucket_counts
-from graphmon.sources.base import SourceHealth
+from graphmon.model.window import SourceHealth
 from graphmon.formats.read import read_trace
 
 from helpers import NATIVE, synthetic_trace, window

@@ -47,7 +47,7 @@ def _wait(pred, timeout=10.0):
 def _capture(src, windows, graphs, replays):
     import torch
 
-    from graphmon.sources.base import CaptureRequest
+    from graphmon.model.window import CaptureRequest
 
     n0 = len(windows)
     src.request_capture(CaptureRequest(id=f"t{n0}", replays=replays, duration_ms=3000))
@@ -76,7 +76,7 @@ def test_records_match_cuda_events(setup):
     st = torch.cuda.current_stream()
     evs = [torch.cuda.Event(enable_timing=True) for _ in range(41)]
     w = None
-    from graphmon.sources.base import CaptureRequest
+    from graphmon.model.window import CaptureRequest
 
     n0 = len(windows)
     # a duration-bound window, open long enough for the whole queue below to run inside it

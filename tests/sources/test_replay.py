@@ -5,7 +5,7 @@ import pytest
 
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
-from graphmon.sources.base import CaptureRequest
+from graphmon.model.window import CaptureRequest
 from graphmon.model.trace import TraceError
 
 from helpers import NATIVE, synthetic_trace

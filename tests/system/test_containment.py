@@ -23,7 +23,8 @@ from graphmon.sources.cupti.registry import GraphRegistry
 from graphmon.export.collector import SnapshotCollector
 from graphmon.settings import Settings
 from graphmon.export.snapshot import Aggregator
-from graphmon.sources.base import Source, Window
+from graphmon.model.window import Window
+from graphmon.sources.base import Source
 from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.replay import ReplaySource
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 from graphmon.model.trace import Trace
-from graphmon.sources.base import CaptureRequest, Sink, Source, Window, wall_time
+from graphmon.model.window import CaptureRequest, Window
+from graphmon.sources.base import Sink, Source, wall_time
 
 log = logging.getLogger("graphmon.cupti")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from graphmon.sources.cupti.registry import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
-from graphmon.sources.base import CaptureRequest
+from graphmon.model.window import CaptureRequest
 from graphmon.sources.cupti.collector import CuptiSource, slowdown_ratio
 
 from helpers import DATA
