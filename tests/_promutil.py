@@ -47,6 +47,16 @@ OTHER_SAMPLES = {
     "graphmon_last_window_timestamp_seconds",
     "graphmon_collector_errors_total",
     "graphmon_observer_slowdown_ratio",
+    # Fleet metrics (docs/dashboards.md; issue 14 items 3-4, issue 12 item 5).
+    "graphmon_collector_state",
+    "graphmon_graph_last_sampled_timestamp_seconds",
+    "graphmon_build_info",
+    "graphmon_device_info",
+    "graphmon_process_info",
+    "graphmon_process_last_window_timestamp_seconds",
+    "graphmon_empty_windows_total",
+    "graphmon_processes_lost_total",
+    "graphmon_processes",
 }
 CONTRACT_SAMPLES = OTHER_SAMPLES | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 
