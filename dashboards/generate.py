@@ -11,12 +11,13 @@ is up to date and run every panel query against a real Prometheus scraping ``gra
 Conventions:
 - The data source is a ``datasource`` template variable (file provisioning does not resolve
   ``__inputs``), so every panel and variable points at ``${datasource}``.
-- Template variables (rank, device, graph, stream, upload_mode) are multi-select regex matchers
-  with ``.*`` as "All", so a query with every variable at "All" sees every series.
-- Graph families: the uploaded and lazy twins of one graph carry labels that differ only in a
-  trailing ``/upload`` / ``/no_upload`` (or ``/uploaded`` / ``/lazy``); :data:`FAMILY_REGEX`
-  strips it with ``label_replace`` so the two can be divided. A graph without such a suffix is its
-  own family.
+- Template variables (job, instance, namespace, pod, then rank, device, graph, upload_mode,
+  stream) are multi-select regex matchers with ``.*`` as "All", so a query with every variable at
+  "All" sees every series; ``namespace=~".*"`` also matches series without the label (outside
+  Kubernetes). Every selector carries the host variables, and every aggregation keeps ``job,
+  instance``, so two pods never merge and legends say which instance a line comes from.
+- Upload modes are told apart by the ``upload_mode`` label only, never by graph names.
+- Why not grafana-foundation-sdk: see docs/dashboards.md.
 """
 
 from __future__ import annotations
@@ -32,20 +33,18 @@ HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 
-# Everything before an optional upload-mode suffix; RE2 anchors label_replace regexes, and the
-# lazy ``.*?`` lets the optional suffix group take the suffix when there is one.
-FAMILY_REGEX = "(.*?)(/(upload|no_upload|uploaded|lazy|instantiate_upload))?"
-
-GRAPH_SEL = 'rank=~"$rank", device=~"$device", graph=~"$graph", upload_mode=~"$upload_mode"'
+# Where a series comes from: Prometheus's job and instance, and the pod's namespace and name
+# (PodMonitor adds them; absent elsewhere, where ".*" still matches).
+HOST_VARS = ("job", "instance", "namespace", "pod")
+HOST_SEL = ", ".join(f'{v}=~"${v}"' for v in HOST_VARS)
+HOST_BY = "job, instance"
+RANK_SEL = HOST_SEL + ', rank=~"$rank"'
+GRAPH_SEL = RANK_SEL + ', device=~"$device", graph=~"$graph", upload_mode=~"$upload_mode"'
 STREAM_SEL = GRAPH_SEL + ', stream=~"$stream"'
 # For uploaded-vs-lazy comparisons, which pick the upload mode themselves.
-STREAM_SEL_ANY_MODE = 'rank=~"$rank", device=~"$device", graph=~"$graph", stream=~"$stream"'
-RANK_SEL = 'rank=~"$rank"'
-
-
-def family(expr: str) -> str:
-    """Add a ``family`` label (graph label without its upload suffix) to ``expr``'s series."""
-    return f'label_replace({expr}, "family", "$1", "graph", "{FAMILY_REGEX}")'
+STREAM_SEL_ANY_MODE = RANK_SEL + ', device=~"$device", graph=~"$graph", stream=~"$stream"'
+UPLOADED = 'upload_mode=~"uploaded|instantiate_upload"'
+WHERE = "{{instance}} r{{rank}}"  # every legend says which instance and rank
 
 
 def mean_per(metric: str, by: str, sel: str) -> str:
@@ -260,13 +259,29 @@ def dashboard(uid: str, title: str, description: str, variables: list[dict[str, 
 # --- the dashboards -------------------------------------------------------------------------
 
 
+def host_vars() -> list[dict[str, Any]]:
+    """job, instance, namespace, pod: each narrowed by the ones before it."""
+    out, sel = [], []
+    for name, label in (("job", "Job"), ("instance", "Instance"), ("namespace", "Namespace"), ("pod", "Pod")):
+        inner = "{" + ", ".join(sel) + "}" if sel else ""
+        out.append(query_var(name, label, f"label_values(graphmon_up{inner}, {name})"))
+        sel.append(f'{name}=~"${name}"')
+    return out
+
+
+def rank_var() -> dict[str, Any]:
+    return query_var("rank", "Rank", f"label_values(graphmon_up{{{HOST_SEL}}}, rank)")
+
+
 def decode_dashboard() -> dict[str, Any]:
     lay = Layout()
     p: list[dict[str, Any]] = []
     gauge_gap = "graphmon_kernel_gap_quantile_seconds"
-    legend_stream = "{{graph}} s{{stream}} [{{upload_mode}}] r{{rank}}/d{{device}}"
-    legend_graph = "{{graph}} [{{upload_mode}}] r{{rank}}/d{{device}}"
-    by_graph = "rank, device, graph, upload_mode"
+    legend_stream = "{{graph}} s{{stream}} [{{upload_mode}}] " + WHERE + "/d{{device}}"
+    legend_graph = "{{graph}} [{{upload_mode}}] " + WHERE + "/d{{device}}"
+    by_graph = f"{HOST_BY}, rank, device, graph, upload_mode"
+    by_dev = f"{HOST_BY}, rank, device"
+    by_rank = f"{HOST_BY}, rank"
 
     p.append(row(lay, "Kernel gaps (gap = next kernel start - previous kernel end, same replay and stream)"))
     p.append(timeseries(lay, "Median kernel gap per stream (last window)",
@@ -277,31 +292,33 @@ def decode_dashboard() -> dict[str, Any]:
                         targets((f'{gauge_gap}{{quantile="0.9", {STREAM_SEL}}}', legend_stream))))
     p.append(timeseries(lay, "Kernel gap by upload mode (histogram, rate window)",
                         "Quantiles estimated from the gap histogram over the rate window, all selected graphs "
-                        "and streams pooled per upload mode. Bucket-resolution estimates; the per-window panels above are exact.",
+                        "and streams pooled per instance and upload mode. Bucket-resolution estimates; the per-window panels above are exact.",
                         targets(
-                            (hist_quantile("0.5", "graphmon_kernel_gap_seconds", "upload_mode", STREAM_SEL), "p50 [{{upload_mode}}]"),
-                            (hist_quantile("0.99", "graphmon_kernel_gap_seconds", "upload_mode", STREAM_SEL), "p99 [{{upload_mode}}]"),
+                            (hist_quantile("0.5", "graphmon_kernel_gap_seconds", f"{HOST_BY}, upload_mode", STREAM_SEL),
+                             "p50 [{{upload_mode}}] {{instance}}"),
+                            (hist_quantile("0.99", "graphmon_kernel_gap_seconds", f"{HOST_BY}, upload_mode", STREAM_SEL),
+                             "p99 [{{upload_mode}}] {{instance}}"),
                         )))
     p.append(heatmap(lay, "Kernel gap distribution (heatmap)",
-                     "Gaps per second in each histogram bucket. Negative gaps (overlap) are in the first bucket.",
+                     "Gaps per second in each histogram bucket, all selected instances pooled (narrow with the "
+                     "instance variable). Overlaps (negative gaps) are counted apart, not here.",
                      f"sum by (le) (rate(graphmon_kernel_gap_seconds_bucket{{{STREAM_SEL}}}[{RATE}]))"))
-    uploaded_median = family(f'{gauge_gap}{{quantile="0.5", upload_mode=~"uploaded|instantiate_upload", {STREAM_SEL_ANY_MODE}}}')
-    lazy_median = family(f'{gauge_gap}{{quantile="0.5", upload_mode="lazy", {STREAM_SEL_ANY_MODE}}}')
-    uploaded_mean = mean_per("graphmon_kernel_gap_seconds", "rank, device", 'upload_mode=~"uploaded|instantiate_upload", ' + STREAM_SEL_ANY_MODE)
-    lazy_mean = mean_per("graphmon_kernel_gap_seconds", "rank, device", 'upload_mode="lazy", ' + STREAM_SEL_ANY_MODE)
+    uploaded_median = f'avg by ({by_dev}) ({gauge_gap}{{quantile="0.5", {UPLOADED}, {STREAM_SEL_ANY_MODE}}})'
+    lazy_median = f'avg by ({by_dev}) ({gauge_gap}{{quantile="0.5", upload_mode="lazy", {STREAM_SEL_ANY_MODE}}})'
+    uploaded_mean = mean_per("graphmon_kernel_gap_seconds", by_dev, f"{UPLOADED}, {STREAM_SEL_ANY_MODE}")
+    lazy_mean = mean_per("graphmon_kernel_gap_seconds", by_dev, 'upload_mode="lazy", ' + STREAM_SEL_ANY_MODE)
     p.append(timeseries(lay, "Uploaded / lazy kernel gap ratio",
-                        "Below 1: uploading the graph before launch shortens gaps. Per graph family (the uploaded "
-                        "and lazy twin, labels equal up to a /upload or /no_upload suffix): the mean over streams "
-                        "of the last-window median gap. Per device: the mean gap from the histograms, all graphs pooled.",
+                        "Below 1: uploading graphs before launch shortens gaps. Where one process (rank, device) runs "
+                        "graphs in both upload modes (the upload_mode label; graph names play no part): the mean over "
+                        "graphs and streams of the last-window median gap, uploaded / lazy; and the mean gap from the "
+                        "histograms over the rate window. Empty where a process runs one mode only.",
                         targets(
-                            (f"avg by (rank, device, family) ({uploaded_median})\n/ on (rank, device, family)\n"
-                             f"avg by (rank, device, family) ({lazy_median})",
-                             "{{family}} r{{rank}}/d{{device}}"),
-                            (f"({uploaded_mean})\n/ on (rank, device)\n({lazy_mean})", "all graphs r{{rank}}/d{{device}}"),
+                            (f"{uploaded_median}\n/ on ({by_dev})\n{lazy_median}", "last-window medians " + WHERE + "/d{{device}}"),
+                            (f"({uploaded_mean})\n/ on ({by_dev})\n({lazy_mean})", "histogram means " + WHERE + "/d{{device}}"),
                         ), unit="none", min_value=None))
     p.append(timeseries(lay, "Negative gaps (overlapping kernels) per second",
-                        "Kernels that started before the previous kernel on the same stream ended (counted in the first gap bucket too). "
-                        "0 while none happen.",
+                        "Kernels that started before the previous kernel on the same stream ended (not in the gap "
+                        "histogram). 0 while none happen.",
                         targets((or_zero(f"sum by ({by_graph}) (rate(graphmon_kernel_gap_negative_total{{{STREAM_SEL}}}[{RATE}]))",
                                          by_graph, f"graphmon_replays_sampled_total{{{GRAPH_SEL}}}"),
                                  legend_graph)), unit="ops"))
@@ -311,19 +328,20 @@ def decode_dashboard() -> dict[str, Any]:
                         "gpu: replay span; busy: union of kernel execution; idle = gpu - busy.",
                         targets(
                             (f'graphmon_replay_quantile_seconds{{quantile="0.5", kind=~"gpu|busy|idle", {GRAPH_SEL}}}',
-                             "{{graph}} {{kind}} p50 [{{upload_mode}}] r{{rank}}/d{{device}}"),
+                             "{{graph}} {{kind}} p50 [{{upload_mode}}] " + WHERE + "/d{{device}}"),
                             (f'graphmon_replay_quantile_seconds{{quantile="0.99", kind="gpu", {GRAPH_SEL}}}',
-                             "{{graph}} gpu p99 [{{upload_mode}}] r{{rank}}/d{{device}}"),
+                             "{{graph}} gpu p99 [{{upload_mode}}] " + WHERE + "/d{{device}}"),
                         )))
     p.append(timeseries(lay, "Idle per replay attributable to gaps",
                         "Mean idle time per replay (no kernel running on any stream between the replay's first start "
                         "and last end: the cost of gaps), next to the sum of all per-stream kernel gaps per replay "
                         "(larger when streams' gaps do not overlap each other's kernels).",
                         targets(
-                            (mean_per("graphmon_replay_idle_seconds", by_graph, GRAPH_SEL), "idle/replay {{graph}} [{{upload_mode}}]"),
+                            (mean_per("graphmon_replay_idle_seconds", by_graph, GRAPH_SEL),
+                             "idle/replay {{graph}} [{{upload_mode}}] " + WHERE),
                             (f"sum by ({by_graph}) (rate(graphmon_kernel_gap_seconds_sum{{{GRAPH_SEL}}}[{RATE}]))\n/\n"
                              f"sum by ({by_graph}) (rate(graphmon_replay_gpu_seconds_count{{{GRAPH_SEL}}}[{RATE}]))",
-                             "sum of gaps/replay {{graph}} [{{upload_mode}}]"),
+                             "sum of gaps/replay {{graph}} [{{upload_mode}}] " + WHERE),
                         )))
     p.append(timeseries(lay, "Idle share of replay GPU time",
                         "Idle time / replay span over the rate window: the fraction of a replay the GPU waits between kernels.",
@@ -338,27 +356,49 @@ def decode_dashboard() -> dict[str, Any]:
     p.append(timeseries(lay, "Launch latency (CPU launch to first kernel start)",
                         "Only where the launch time is known (live CUPTI, Kineto traces); no data for recorded traces without launches.",
                         targets(
-                            (hist_quantile("0.5", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL), "p50 {{graph}} [{{upload_mode}}]"),
-                            (hist_quantile("0.99", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL), "p99 {{graph}} [{{upload_mode}}]"),
+                            (hist_quantile("0.5", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL),
+                             "p50 {{graph}} [{{upload_mode}}] " + WHERE),
+                            (hist_quantile("0.99", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL),
+                             "p99 {{graph}} [{{upload_mode}}] " + WHERE),
                         )))
     p.append(timeseries(lay, "Gap between replays",
                         "Previous replay's last kernel end to the next replay's first kernel start, same graph: host-side time between decode steps.",
                         targets(
-                            (hist_quantile("0.5", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL), "p50 {{graph}} [{{upload_mode}}]"),
-                            (hist_quantile("0.9", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL), "p90 {{graph}} [{{upload_mode}}]"),
+                            (hist_quantile("0.5", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL),
+                             "p50 {{graph}} [{{upload_mode}}] " + WHERE),
+                            (hist_quantile("0.9", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL),
+                             "p90 {{graph}} [{{upload_mode}}] " + WHERE),
                         )))
+
+    # Rank skew (issue 17, CPU side): the ranks of one agent (a tensor-parallel group in one pod
+    # or host) side by side; GraphmonRankIdleSkew fires on the ratio panel's condition.
+    idle_by_rank = f'avg by ({by_rank}) (graphmon_replay_quantile_seconds{{quantile="0.5", kind="idle", {GRAPH_SEL}}})'
+    p.append(row(lay, "Rank skew (the ranks behind one agent side by side)"))
+    p.append(timeseries(lay, "Replay span per rank (median, last window)",
+                        "Median replay GPU time per rank, averaged over the selected graphs.",
+                        targets((f'avg by ({by_rank}) (graphmon_replay_quantile_seconds{{quantile="0.5", kind="gpu", {GRAPH_SEL}}})',
+                                 WHERE)), w=8))
+    p.append(timeseries(lay, "Idle per replay per rank (median, last window)",
+                        "Median GPU idle time per replay per rank, averaged over the selected graphs.",
+                        targets((idle_by_rank, WHERE)), w=8))
+    p.append(timeseries(lay, "Idle per rank / median of its peers",
+                        "Each rank's idle per replay over the median of the ranks of the same instance: 1 when "
+                        "balanced; GraphmonRankIdleSkew fires above 1.5 (and 2 us) for 15 minutes.",
+                        targets((f"{idle_by_rank}\n/ on ({HOST_BY}) group_left\nquantile by ({HOST_BY}) (0.5, {idle_by_rank})",
+                                 WHERE)), unit="none", w=8, min_value=None))
+
     p.append(row(lay, "Graphs"))
-    p.append(table(lay, "Graphs seen", "One row per graph exec: key, label, upload mode and whether it was uploaded on its launch stream.",
-                   f"graphmon_graph_info{{{GRAPH_SEL}}}"))
+    p.append(table(lay, "Graphs seen", "One row per graph exec: key, label, upload mode, batch size and whether it was "
+                   "uploaded on its launch stream.", f"graphmon_graph_info{{{GRAPH_SEL}}}"))
 
     variables = [
-        query_var("rank", "Rank", "label_values(graphmon_up, rank)"),
-        query_var("device", "Device", 'label_values(graphmon_graph_info{rank=~"$rank"}, device)'),
-        query_var("graph", "Graph", 'label_values(graphmon_graph_info{rank=~"$rank", device=~"$device"}, graph)'),
+        *host_vars(),
+        rank_var(),
+        query_var("device", "Device", f'label_values(graphmon_graph_info{{{RANK_SEL}}}, device)'),
+        query_var("graph", "Graph", f'label_values(graphmon_graph_info{{{RANK_SEL}, device=~"$device"}}, graph)'),
         query_var("upload_mode", "Upload mode",
-                  'label_values(graphmon_graph_info{rank=~"$rank", device=~"$device", graph=~"$graph"}, upload_mode)'),
-        query_var("stream", "Stream",
-                  'label_values(graphmon_kernel_gap_quantile_seconds{rank=~"$rank", device=~"$device", graph=~"$graph", upload_mode=~"$upload_mode"}, stream)'),
+                  f'label_values(graphmon_graph_info{{{RANK_SEL}, device=~"$device", graph=~"$graph"}}, upload_mode)'),
+        query_var("stream", "Stream", f"label_values(graphmon_kernel_gap_quantile_seconds{{{GRAPH_SEL}}}, stream)"),
     ]
     return dashboard("graphmon-decode", "graphmon / CUDA graph decode timing",
                      "Kernel gaps and replay timing of CUDA graphs, per graph, stream and upload mode.", variables, p)
@@ -367,43 +407,74 @@ def decode_dashboard() -> dict[str, Any]:
 def health_dashboard() -> dict[str, Any]:
     lay = Layout()
     p: list[dict[str, Any]] = []
+    by_rank = f"{HOST_BY}, rank"
     red_below_1 = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
-    p.append(stat(lay, "Collector up", "1 while the CUPTI collector (or replay source) runs; 0 after it stopped or failed to start.",
-                  f"min by (rank) (graphmon_up{{{RANK_SEL}}})", "rank {{rank}}", thresholds=red_below_1))
+    p.append(stat(lay, "Collector up", "1 while data flows from the rank's collector; 0 while it is starting, blocked, "
+                  "degraded, stopped or failing (see the state panel).",
+                  f"min by ({by_rank}) (graphmon_up{{{RANK_SEL}}})", WHERE, thresholds=red_below_1))
     p.append(stat(lay, "Time since last window", "Seconds since the last analysis window closed. Grows when the collector stalls.",
-                  f"time() - max by (rank) (graphmon_last_window_timestamp_seconds{{{RANK_SEL}}})", "rank {{rank}}", unit="s",
+                  f"time() - max by ({by_rank}) (graphmon_last_window_timestamp_seconds{{{RANK_SEL}}})", WHERE, unit="s",
                   thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 60}, {"color": "red", "value": 300}]))
     p.append(stat(lay, "Observer slowdown", "Replay time inside a sampling window / outside it (1.0 = no overhead). "
                   "Absent where unknown, e.g. replayed traces.",
-                  f"max by (rank) (graphmon_observer_slowdown_ratio{{{RANK_SEL}}})", "rank {{rank}}", unit="none",
+                  f"max by ({by_rank}) (graphmon_observer_slowdown_ratio{{{RANK_SEL}}})", WHERE, unit="none",
                   thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.05}, {"color": "red", "value": 1.2}]))
     p.append(stat(lay, "Series folded into \"other\"", "Graphs beyond the series cap are exported as graph=\"other\"; raise the cap if this grows.",
-                  f"sum by (rank) (graphmon_series_folded_total{{{RANK_SEL}}})", "rank {{rank}}",
+                  f"sum by ({by_rank}) (graphmon_series_folded_total{{{RANK_SEL}}})", WHERE,
                   thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]))
+    p.append(table(lay, "Collector state", "Current state per instance and rank: running, starting (no graph launched "
+                   "yet), blocked (another CUPTI subscriber such as a profiler: a warning, not a failure), degraded, "
+                   "stopped, error. GET /status on the agent gives the reason.",
+                   f"graphmon_collector_state{{{RANK_SEL}}} == 1", h=5))
     p.append(timeseries(lay, "Windows per second", "Analysis windows closed per second.",
-                        targets((f"sum by (rank) (rate(graphmon_windows_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}}")), unit="ops"))
+                        targets((f"sum by ({by_rank}) (rate(graphmon_windows_total{{{RANK_SEL}}}[{RATE}]))", WHERE)), unit="ops"))
     p.append(timeseries(lay, "Kernel records per second", "Records analysed and records dropped (buffer full) per second.",
                         targets(
-                            (f"sum by (rank) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))", "records r{{rank}}"),
-                            (f"sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))", "dropped r{{rank}}"),
+                            (f"sum by ({by_rank}) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))", "records " + WHERE),
+                            (f"sum by ({by_rank}) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))", "dropped " + WHERE),
                         ), unit="ops"))
     p.append(timeseries(lay, "Dropped record share", "Dropped / (analysed + dropped) over the rate window. Any drop biases gap statistics.",
-                        targets((f"sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))\n/\n"
-                                 f"(sum by (rank) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))\n"
-                                 f" + sum by (rank) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}])))",
-                                 "rank {{rank}}")), unit="percentunit"))
+                        targets((f"sum by ({by_rank}) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}]))\n/\n"
+                                 f"(sum by ({by_rank}) (rate(graphmon_records_total{{{RANK_SEL}}}[{RATE}]))\n"
+                                 f" + sum by ({by_rank}) (rate(graphmon_records_dropped_total{{{RANK_SEL}}}[{RATE}])))",
+                                 WHERE)), unit="percentunit"))
     p.append(timeseries(lay, "Invalid records by reason", "Kernel records excluded by validation (zero start, end before start, duplicate ...) per second.",
-                        targets((or_zero(f"sum by (rank, reason) (rate(graphmon_records_invalid_total{{{RANK_SEL}}}[{RATE}]))", "rank"),
-                                 "{{reason}} r{{rank}}")), unit="ops"))
+                        targets((or_zero(f"sum by ({by_rank}, reason) (rate(graphmon_records_invalid_total{{{RANK_SEL}}}[{RATE}]))", by_rank),
+                                 "{{reason}} " + WHERE)), unit="ops"))
     p.append(timeseries(lay, "Collector errors by stage", "Errors caught inside the collector (it never raises into the serving process), per stage.",
-                        targets((or_zero(f"sum by (rank, stage) (increase(graphmon_collector_errors_total{{{RANK_SEL}}}[{RATE}]))", "rank"),
-                                 "{{stage}} r{{rank}}")), unit="none"))
+                        targets((or_zero(f"sum by ({by_rank}, stage) (increase(graphmon_collector_errors_total{{{RANK_SEL}}}[{RATE}]))", by_rank),
+                                 "{{stage}} " + WHERE)), unit="none"))
     p.append(timeseries(lay, "Observer slowdown over time", "Replay time inside a sampling window / outside it.",
-                        targets((f"graphmon_observer_slowdown_ratio{{{RANK_SEL}}}", "rank {{rank}}")), unit="none", min_value=None))
+                        targets((f"graphmon_observer_slowdown_ratio{{{RANK_SEL}}}", WHERE)), unit="none", min_value=None))
+
+    # Processes (issue 12 item 5): one agent, many processes; silent emptiness is counted here.
+    p.append(row(lay, "Processes (one agent per pod or host; each process that replays graphs attaches to it)"))
+    p.append(table(lay, "Processes", "Every attached process: rank, pid, physical device, host and state.",
+                   f"graphmon_process_info{{{RANK_SEL}}}", h=6))
+    p.append(timeseries(lay, "Last window age per process", "Seconds since each process's last window reached the agent.",
+                        targets((f"time() - graphmon_process_last_window_timestamp_seconds{{{RANK_SEL}}}", WHERE + " pid {{pid}}")),
+                        unit="s", w=8))
+    p.append(timeseries(lay, "Empty windows by reason", "no_records: a window saw graph launches and kept no record; "
+                        "no_windows: a process replays graphs but produced no window within 3 intervals. "
+                        "GraphmonNoData pages when they keep coming with no record.",
+                        targets((f"sum by ({by_rank}, reason) (increase(graphmon_empty_windows_total{{{RANK_SEL}}}[{RATE}]))",
+                                 "{{reason}} " + WHERE)), unit="none", w=8))
+    p.append(timeseries(lay, "Processes by state and lost", "Attached processes per state, and processes the agent lost "
+                        "(connection dropped, heartbeats stopped) over the rate window.",
+                        targets(
+                            (f"sum by ({HOST_BY}, state) (graphmon_processes{{{HOST_SEL}}})", "{{state}} {{instance}}"),
+                            (f"sum by ({HOST_BY}) (increase(graphmon_processes_lost_total{{{HOST_SEL}}}[{RATE}]))", "lost {{instance}}"),
+                        ), unit="none", w=8))
+    p.append(row(lay, "Versions and devices"))
+    p.append(table(lay, "Build", "graphmon, torch, CUDA driver and runtime, libcupti and engine versions per agent.",
+                   f"graphmon_build_info{{{HOST_SEL}}}", h=5))
+    p.append(table(lay, "Devices", "Physical GPU per rank: UUID (join with dcgm-exporter on UUID), PCI bus id, name, host.",
+                   f"graphmon_device_info{{{RANK_SEL}}}", h=6))
     p.append(table(lay, "Collector", "Backend and version per rank.", f"graphmon_collector_info{{{RANK_SEL}}}", h=5))
-    variables = [query_var("rank", "Rank", "label_values(graphmon_up, rank)")]
+    variables = [*host_vars(), rank_var()]
     return dashboard("graphmon-health", "graphmon / collector health",
-                     "Is graphmon collecting, how much, what it drops or rejects, and what it costs the host.", variables, p)
+                     "Is graphmon collecting, in which processes, how much, what it drops or rejects, and what it costs the host.",
+                     variables, p)
 
 
 def build() -> dict[str, dict[str, Any]]:

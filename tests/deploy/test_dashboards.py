@@ -69,7 +69,8 @@ def test_datasource_is_a_template_variable(name):
 
 def test_decode_dashboard_has_the_filter_variables():
     names = variable_names(MODELS["graphmon-decode.json"])
-    assert names == ["datasource", "rank", "device", "graph", "upload_mode", "stream"]
+    assert names == ["datasource", "job", "instance", "namespace", "pod", "rank", "device", "graph", "upload_mode", "stream"]
+    assert variable_names(MODELS["graphmon-health.json"]) == ["datasource", "job", "instance", "namespace", "pod", "rank"]
     # Each variable's query only uses variables defined before it (Grafana resolves in order).
     model = MODELS["graphmon-decode.json"]
     seen: list[str] = []
@@ -111,7 +112,7 @@ def test_required_panels_are_there():
     exprs = {name: " ".join(e for _, _, e in panel_targets(m)) for name, m in MODELS.items()}
     decode, health = exprs["graphmon-decode.json"], exprs["graphmon-health.json"]
     for needed in ('graphmon_kernel_gap_quantile_seconds{quantile="0.5"', 'graphmon_kernel_gap_quantile_seconds{quantile="0.9"',
-                   "graphmon_kernel_gap_seconds_bucket", "label_replace(", 'kind=~"gpu|busy|idle"',
+                   "graphmon_kernel_gap_seconds_bucket", 'kind=~"gpu|busy|idle"',
                    "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", "graphmon_launch_latency_seconds_bucket"):
         assert needed in decode, needed
     for needed in ("graphmon_up", "graphmon_windows_total", "graphmon_records_dropped_total", "graphmon_records_invalid_total",
@@ -123,15 +124,54 @@ def test_required_panels_are_there():
     assert all(p["options"]["calculate"] is False for p in heatmaps)  # buckets come from Prometheus
 
 
-@pytest.mark.parametrize(
-    "graph, family",
-    [("decode_bs1/upload", "decode_bs1"), ("decode_bs1/no_upload", "decode_bs1"), ("chain/upload", "chain"),
-     ("decode_bs2/lazy", "decode_bs2"), ("g2", "g2"), ("sig:ab12cd34", "sig:ab12cd34"), ("a/upload/x", "a/upload/x")],
-)
-def test_family_regex_strips_the_upload_suffix(graph, family):
-    # Prometheus anchors label_replace regexes at both ends; RE2 and Python agree on this pattern.
-    m = re.fullmatch(GEN.FAMILY_REGEX, graph)
-    assert m and m.group(1) == family
+def test_upload_modes_come_from_the_upload_mode_label_not_graph_names():
+    """Real engines' graph labels carry no /upload suffix (issue 14 item 7): no query parses them."""
+    exprs = [e for m in MODELS.values() for _, _, e in panel_targets(m)]
+    assert not any("label_replace" in e or "/upload" in e or "no_upload" in e for e in exprs)
+    (ratio,) = [p for p in iter_panels(MODELS["graphmon-decode.json"]["panels"]) if p["title"] == "Uploaded / lazy kernel gap ratio"]
+    for t in ratio["targets"]:
+        assert 'upload_mode=~"uploaded|instantiate_upload"' in t["expr"] and 'upload_mode="lazy"' in t["expr"]
+
+
+SELECTOR_RE = re.compile(r"\b(graphmon_[a-zA-Z0-9_]+)(\{[^}]*\})?")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_selector_filters_by_host_and_aggregations_keep_the_instance(name):
+    """With two pods, series never merge: every metric selector carries the job, instance,
+    namespace and pod variables, every `by (...)` keeps job and instance (except the pooled
+    heatmap), and every legend names the instance."""
+    for title, ref, expr in panel_targets(MODELS[name]):
+        for metric, sel in SELECTOR_RE.findall(expr):
+            for var in ("job", "instance", "namespace", "pod"):
+                assert f'{var}=~"${var}"' in sel, f"{title} / {ref}: {metric} is not filtered by ${var}"
+        for by in re.findall(r"by \(([^)]*)\)", expr):
+            labels = {x.strip() for x in by.split(",")}
+            assert labels >= {"job", "instance"} or labels == {"le"}, f"{title} / {ref}: by ({by}) merges instances"
+    for panel in iter_panels(MODELS[name]["panels"]):
+        if panel["type"] in ("timeseries", "stat"):
+            for t in panel["targets"]:
+                assert "{{instance}}" in t["legendFormat"], f"{panel['title']} / {t['refId']}: legend without instance"
+
+
+def test_health_dashboard_has_state_and_process_panels():
+    exprs = " ".join(e for _, _, e in panel_targets(MODELS["graphmon-health.json"]))
+    for needed in ("graphmon_collector_state", "graphmon_process_info", "graphmon_process_last_window_timestamp_seconds",
+                   "graphmon_empty_windows_total", "graphmon_processes_lost_total", "graphmon_processes{",
+                   "graphmon_build_info", "graphmon_device_info"):
+        assert needed in exprs, needed
+
+
+def test_decode_dashboard_has_a_rank_skew_row():
+    panels = list(iter_panels(MODELS["graphmon-decode.json"]["panels"]))
+    rows = [p["title"] for p in panels if p["type"] == "row"]
+    assert any(r.startswith("Rank skew") for r in rows)
+    i = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"].startswith("Rank skew"))
+    skew = panels[i + 1:i + 4]
+    kinds = [re.search(r'kind="(\w+)"', p["targets"][0]["expr"]).group(1) for p in skew]
+    assert kinds == ["gpu", "idle", "idle"]
+    assert len({p["gridPos"]["y"] for p in skew}) == 1  # side by side
+    assert all("by (job, instance, rank)" in p["targets"][0]["expr"] for p in skew)
 
 
 def test_every_query_parses_with_promtool(tmp_path):
