@@ -1,4 +1,4 @@
-"""docker/: compose demo, Prometheus config, Grafana provisioning, Dockerfile and PodMonitor.
+"""docker/: compose demo, Prometheus config, Grafana provisioning, the agent and engine Dockerfiles.
 
 No Docker engine runs in CI, so these are structural checks: every file parses, every path the
 compose file mounts or builds from exists, the wiring between services agrees (ports, service
@@ -25,8 +25,9 @@ COMPOSE = yaml.safe_load((DOCKER / "compose.yml").read_text())
 PROM_CFG = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
 DS_PROV = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yml").read_text())
 DASH_PROV = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/graphmon.yml").read_text())
-PODMON_TEXT = (DOCKER / "k8s/podmonitor.yaml").read_text()
 DOCKERFILE = (DOCKER / "Dockerfile").read_text()
+ENGINE_DOCKERFILE = (DOCKER / "Dockerfile.engine").read_text()
+PORT = 9479  # graphmon's default port (9464 is the OpenTelemetry Prometheus exporter's)
 
 
 def _binds(service: str) -> dict[str, Path]:
@@ -115,39 +116,83 @@ def test_grafana_provisioning_matches_mounts_and_dashboards():
     assert home.startswith(path + "/") and (DASHBOARDS / home[len(path) + 1:]).is_file()
 
 
-def test_dockerfile_build_args_and_copies():
-    # BASE_IMAGE declared before FROM so that FROM can use it; documented in the header.
-    first_from = DOCKERFILE.index("\nFROM ")
-    assert re.search(r"^ARG BASE_IMAGE=\S+", DOCKERFILE[:first_from], re.M)
-    assert "FROM ${BASE_IMAGE}" in DOCKERFILE
-    for arg in re.findall(r"^ARG (\w+)", DOCKERFILE, re.M):
-        assert f"#   {arg}" in DOCKERFILE, f"build arg {arg} undocumented"
-    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")))
+    return [(m.group(1).upper(), m.group(2)) for m in re.finditer(r"^(\w+)\s+(.*)$", joined, re.M)]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.engine"])
+def test_dockerfile_build_args_and_copies(name):
+    text = (DOCKER / name).read_text()
+    instructions = _instructions(text)
+    # The base image is a build arg declared before FROM (so that FROM can use it), documented in the header.
+    first_from = [i for i, (op, _) in enumerate(instructions) if op == "FROM"][0]
+    base_arg = [a for op, a in instructions[:first_from] if op == "ARG"]
+    assert base_arg and instructions[first_from][1] == "${%s}" % base_arg[0].split("=")[0]
+    for arg in re.findall(r"^ARG (\w+)", text, re.M):
+        assert f"#   {arg}" in text, f"build arg {arg} undocumented"
+    ignore = (DOCKER / f"{name}.dockerignore").read_text().split()
     assert "*" in ignore  # the context is the repository root: send nothing (.venv!) by default
-    for line in re.findall(r"^COPY (.+)$", DOCKERFILE, re.M):
+    for op, line in instructions:
+        if op != "COPY":
+            continue
         sources = line.split()[:-1]
         assert any(glob.glob(str(ROOT / s)) for s in sources), f"COPY copies nothing: {line}"
         for s in sources:
             assert "*" in s or (ROOT / s).exists(), f"COPY source missing: {s}"
             assert f"!{s}" in ignore or f"!{s}/**" in ignore, f"{s} is excluded from the build context"
-    assert "EXPOSE ${PORT}" in DOCKERFILE and re.search(r"^ARG PORT=9464$", DOCKERFILE, re.M)
+    assert all("OpenTelemetry" in text[max(0, m.start() - 200):m.end() + 200] for m in re.finditer("9464", text))
 
 
-def test_podmonitor_one_endpoint_per_local_rank():
+def test_agent_image_is_graph_free_and_runs_the_agent():
+    instructions = _instructions(DOCKERFILE)
+    ops = [op for op, _ in instructions]
+    assert ("ARG", f"PORT={PORT}") in instructions and ("EXPOSE", "${PORT}") in instructions
+    assert ("ENTRYPOINT", '["graphmon"]') in instructions and ("CMD", '["agent"]') in instructions
+    assert ("USER", "65534:65534") in instructions and ops.index("USER") > max(i for i, o in enumerate(ops) if o == "RUN")
+    # No CUDA, torch or CUPTI in the agent: it only aggregates and serves.
+    assert not re.search(r"cupti|torch|nvidia/cuda|\[cupti\]", " ".join(a for op, a in instructions if op in ("RUN", "FROM", "ARG")))
+    # graphmon is installed from the checkout into a venv (it is not on PyPI).
+    run = " ".join(a for op, a in instructions if op == "RUN")
+    assert "python3 -m venv /opt/graphmon" in run and "/opt/graphmon/bin/pip install ." in run
+    env = " ".join(a for op, a in instructions if op == "ENV")
+    assert f"GRAPHMON_PORT=${{PORT}}" in env and "GRAPHMON_HOST=0.0.0.0" in env
+    # Its socket path is the one the Kubernetes sidecar example shares with the engine container.
+    socket = re.search(r"GRAPHMON_AGENT=(\S+)", env).group(1)
+    k8s_gen = (DOCKER / "k8s" / "generate.py").read_text()
+    assert f'SOCKET_DIR = "{socket.rsplit("/", 1)[0]}"' in k8s_gen and socket.endswith("/agent.sock")
+
+
+def test_engine_image_adds_the_hook_and_keeps_the_engine_in_charge():
+    instructions = _instructions(ENGINE_DOCKERFILE)
+    ops = [op for op, _ in instructions]
+    # The engine's own user, entrypoint and command stay in force.
+    assert not {"USER", "ENTRYPOINT", "CMD", "EXPOSE"} & set(ops)
+    args = dict(a.split("=", 1) for op, a in instructions if op == "ARG")
+    assert re.match(r"nvidia/cuda:13\.", args["ENGINE_IMAGE"]), "the stand-in base must be a CUDA 13 stack"
+    reqs = args["CUPTI_REQUIREMENTS"].strip('"').split()
+    assert "cupti-python==13.4.0" in reqs and "nvidia-cuda-cupti==13.4.92" in reqs and "cuda-bindings>=13" in reqs
+    run = " ".join(a for op, a in instructions if op == "RUN")
+    assert "pip install --no-deps ${CUPTI_REQUIREMENTS}" in run and "pip install /opt/graphmon-src" in run
+    # The supported stack is stated where the image is built.
+    for fact in ("580.159.04", "torch 2.11.0+cu130", "CUPTI 13.4.92", "cupti-python 13.4.0", "CUPTI >= 13.1 Update 1"):
+        assert fact in ENGINE_DOCKERFILE, fact
+    assert not re.search(r"cuda:12|cu12", ENGINE_DOCKERFILE)
+
+
+def test_default_port_everywhere():
     from graphmon.settings import Settings
 
-    doc = yaml.safe_load(PODMON_TEXT)
-    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PodMonitor"
-    endpoints = doc["spec"]["podMetricsEndpoints"]
-    assert [e["port"] for e in endpoints] == [f"graphmon-{r}" for r in range(len(endpoints))]
-    for e in endpoints:
-        assert e["path"] == "/metrics" and len(e["port"]) <= 15  # Kubernetes port-name limit
-        assert {"targetLabel": "job", "replacement": "graphmon"} in e["relabelings"]
-    # The container ports the comment tells users to declare: base port + local rank.
-    documented = re.findall(r"name: graphmon-(\d+), containerPort: (\d+)", PODMON_TEXT)
-    assert documented and all(int(port) == Settings().port + int(rank) for rank, port in documented)
-    selector = doc["spec"]["selector"]["matchLabels"]
-    assert all(f"{k}: \"{v}\"" in PODMON_TEXT for k, v in selector.items())
+    assert Settings().port == PORT
+    owned = [*DOCKER.rglob("*"), *DASHBOARDS.glob("*.yml"), ROOT / "docs/deployment.md", ROOT / "docs/dashboards.md"]
+    for path in owned:
+        if path.is_file() and path.suffix != ".json":
+            text = path.read_text()
+            for m in re.finditer("9464", text):
+                # 9464 may only appear where we say why it is not ours.
+                near = text[max(0, m.start() - 200):m.end() + 200]
+                assert "OpenTelemetry" in near, f"{path} still uses the old port: {near!r}"
 
 
 def test_docker_compose_config_when_available():
