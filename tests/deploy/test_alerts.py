@@ -89,10 +89,10 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
         ("GraphmonCollectorStalled", "and on (job, instance, rank)\ngraphmon_up == 1", "", "a down collector also pages as stalled"),
         ("GraphmonDroppingRecords", "10m", "0m", "a single burst of drops pages"),
         # Stale series (issue 14 item 3): the freshness filter is what keeps old data quiet.
-        ("GraphmonKernelGapWidened", "< 600", "< 1e12", "a graph no longer sampled pages on its last quantiles"),
-        ("GraphmonReplayIdleRegressed", "< 600", "< 1e12", "a graph no longer sampled pages on its last quantiles"),
-        ("GraphmonUploadedGapsAboveLazy", "< 600", "< 1e12", "stale graphs take part in the upload-mode comparison"),
-        ("GraphmonRankIdleSkew", "< 600", "< 1e12", "a rank that stopped replaying pages as skewed"),
+        ("GraphmonKernelGapWidened", ">= 600", ">= 1e12", "a graph no longer sampled pages on its last quantiles"),
+        ("GraphmonReplayIdleRegressed", ">= 600", ">= 1e12", "a graph no longer sampled pages on its last quantiles"),
+        ("GraphmonUploadedGapsAboveLazy", ">= 600", ">= 1e12", "stale graphs take part in the upload-mode comparison"),
+        ("GraphmonRankIdleSkew", ">= 600", ">= 1e12", "a rank that stopped replaying pages as skewed"),
         ("GraphmonRankIdleSkew", "> 2e-6", "> 0", "a 1 us difference between ranks pages"),
         ("GraphmonRankIdleSkew", "1.5 *", "1.0 *", "a rank 15 % above its peers pages"),
         # A profiling session (blocked) must not page; empty windows page once, with their reason.
