@@ -298,3 +298,22 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
         assert graphs <= {chosen}, f"{title} / {ref} shows other graphs: {graphs}"
         checked += 1
     assert checked >= 10
+
+
+def test_two_instances_never_merge(stack):
+    """Issue 14 item 6: with two targets, every panel line carries its instance, and a health
+    stat shows one value per instance and rank (a down collector can be located)."""
+    prom, metrics_text = stack
+    for name, model in MODELS.items():
+        names = variable_names(model)
+        for title, ref, expr in panel_targets(model):
+            if "sum by (le)" in expr:
+                continue  # the heatmap pools the selected instances by design
+            if {m for m in referenced_metrics(expr) if m in FLEET_METRICS} - _exported(metrics_text):
+                continue
+            for series in prom.query(expand(expr, names, RATE_WINDOW)):
+                assert series["metric"].get("instance"), f"{name} / {title} / {ref} lost the instance label"
+    (title, ref, expr), = [t for t in panel_targets(MODELS["graphmon-health.json"]) if t[0] == "Collector up"]
+    result = prom.query(expand(expr, variable_names(MODELS["graphmon-health.json"])))
+    assert sorted((s["metric"]["instance"] != "", s["metric"]["rank"]) for s in result) == [(True, "0"), (True, "1")]
+    assert len({s["metric"]["instance"] for s in result}) == 2
