@@ -82,6 +82,7 @@ class CuptiSource(Source):
         self._decoder: Optional[BufferDecoder] = None
         self._store = RecordStore(s.max_window_records)
         self._names: Optional[NameTable] = None
+        self._store_names: list = []  # name ids of the stored records, per buffer
         self._ingest_s = 0.0
         self._ingest_records = 0
 
@@ -260,6 +261,8 @@ class CuptiSource(Source):
         self._ring = None  # while switching phases a launch is neither timed nor kept
         self._ingest()  # leftovers of an earlier window: not this window's
         self._store = RecordStore(s.max_window_records)
+        self._store_names = []
+        self._names.new_window()
         self._win.reset(n_target)
         self._set_launch_cb(True)
         started = wall_time()
@@ -292,8 +295,9 @@ class CuptiSource(Source):
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
         cols = self._store.take()
-        name_id, names = self._names.ids(cols.name_ptr)
-        trace, raw = build_trace(cols, name_id, names, self._win.columns(), self.registry,
+        name_id = np.concatenate(self._store_names) if self._store_names else np.zeros(0, np.int32)
+        self._store_names = []
+        trace, raw = build_trace(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
                                  capture_id=req.id if req is not None else None, keep_raw=self.settings.keep_raw)
         if raw is not None:
             self.last_raw = raw
@@ -426,7 +430,11 @@ class CuptiSource(Source):
             t0 = time.perf_counter()
             try:
                 cols = self._decoder.decode(buf.data)
+                n0 = self._store.n_records
                 self._store.add(cols)
+                kept = self._store.n_records - n0
+                if kept:
+                    self._store_names.append(self._names.ids(cols.name_ptr[:kept]))
                 self._ingest_records += len(cols)
             except Exception:
                 self.count_error("buffer_completed")

@@ -109,10 +109,13 @@ class BufferDecoder:
         n_bytes = len(data)
         rb = self.record_bytes
         if rb >= MIN_KERNEL_RECORD_BYTES and n_bytes and n_bytes % rb == 0:
-            rec = np.frombuffer(data, kernel_dtype(rb), count=n_bytes // rb)
-            if (rec["kind"] == KIND_CONCURRENT_KERNEL).all():
-                st.records += len(rec)
-                return KernelColumns.from_records(rec)
+            n = n_bytes // rb
+            if (np.frombuffer(data, "<u4", count=n * rb // 4)[:: rb // 4] == KIND_CONCURRENT_KERNEL).all():
+                st.records += n
+                # one pass copies the 160 bytes graphmon reads of each record (a buffer's worth stays
+                # in cache), then each field is gathered from that compact block
+                block = np.ascontiguousarray(np.frombuffer(data, np.uint8, count=n_bytes).reshape(n, rb)[:, :MIN_KERNEL_RECORD_BYTES])
+                return KernelColumns.from_records(block.view(kernel_dtype(MIN_KERNEL_RECORD_BYTES)).reshape(-1))
         return self._walk(data) if n_bytes else KernelColumns.empty()
 
     def _walk(self, data: np.ndarray) -> KernelColumns:
@@ -160,25 +163,31 @@ class RecordStore:
 
 
 class NameTable:
-    """Kernel name pointers -> name ids. CUPTI shares one name string among every record of a
-    kernel, so a window reads each distinct pointer once (cached for the process)."""
+    """Kernel name pointers -> name ids of the current window. CUPTI shares one name string among
+    every record of a kernel, so each distinct pointer is read once for the process (cached) and
+    each buffer's pointers are mapped with a small per-buffer unique (no window-wide sort)."""
 
     def __init__(self, read: Callable[[int], str]) -> None:
         self._read = read
         self._cache: dict[int, str] = {}
+        self.new_window()
 
-    def ids(self, name_ptr: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    def new_window(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def ids(self, name_ptr: np.ndarray) -> np.ndarray:
         if not len(name_ptr):
-            return np.zeros(0, np.int32), []
+            return np.zeros(0, np.int32)
         u, inv = np.unique(name_ptr, return_inverse=True)
-        names: list[str] = []
-        index: dict[str, int] = {}
         uid = np.empty(len(u), np.int32)
         for i, p in enumerate(u.tolist()):
             s = self._cache.get(p)
             if s is None:
                 s = self._cache[p] = self._read(p)
-            uid[i] = index.setdefault(s, len(index))
-            if uid[i] == len(names):
-                names.append(s)
-        return uid[inv.reshape(-1)], names
+            j = self._index.get(s)
+            if j is None:
+                j = self._index[s] = len(self.names)
+                self.names.append(s)
+            uid[i] = j
+        return uid[inv.reshape(-1)]

@@ -113,8 +113,10 @@ def test_record_store_bounds_the_window_and_counts_the_rest():
 def test_name_table_reads_each_pointer_once():
     reads = []
     table = NameTable(lambda p: reads.append(p) or f"k{p % 3}")
-    ids, names = table.ids(np.array([7, 8, 7, 9, 8], np.uint64))
-    assert [names[i] for i in ids] == ["k1", "k2", "k1", "k0", "k2"]
-    table.ids(np.array([9, 7], np.uint64))
-    assert sorted(reads) == [7, 8, 9]
+    ids = table.ids(np.array([7, 8, 7, 9, 8], np.uint64))
+    assert [table.names[i] for i in ids] == ["k1", "k2", "k1", "k0", "k2"]
+    assert table.ids(np.array([9, 7, 10], np.uint64)).tolist() == [2, 0, 0]  # 10 -> "k1": the same name
+    table.new_window()
+    assert table.ids(np.array([8], np.uint64)).tolist() == [0] and table.names == ["k2"]
+    assert sorted(reads) == [7, 8, 9, 10]  # each pointer read once for the process
 
