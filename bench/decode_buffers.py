@@ -72,18 +72,24 @@ class Ticker(threading.Thread):
             last = now
 
 
-def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray], max_records: int) -> int:
-    """What the collector does per window: decode + name ids, one buffer per GIL hold."""
+def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray], max_records: int,
+                  holds: list[float]) -> int:
+    """What the collector does per window: decode + name ids, one buffer per GIL hold. Appends
+    the length of each hold (the work between two yields) to ``holds``."""
     store = RecordStore(max_records)
     names.new_window()
     ids = []
     for b in buffers:
+        t0 = time.perf_counter()
         cols = dec.decode(b)
         store.add(cols)
         ids.append(names.ids(cols.name_ptr))
+        holds.append(time.perf_counter() - t0)
         time.sleep(0)  # the collector yields between buffers
+    t0 = time.perf_counter()
     cols = store.take()
     np.concatenate(ids)
+    holds.append(time.perf_counter() - t0)  # the window's concatenation: one more hold
     return len(cols)
 
 
@@ -95,41 +101,51 @@ def main() -> None:
     s = CuptiSettings()
     dec = BufferDecoder(walk=walk)
     names = NameTable(lambda p: f"kernel_{p:x}")
-    decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), s.max_window_records)  # measure + warm
+    decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), s.max_window_records, [])  # measure + warm
 
     res: dict = {"record_bytes": RECORD_BYTES, "buffer_size_bytes": s.buffer_size_bytes,
-                 "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES}
+                 "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES, "loadavg_before": os.getloadavg()}
     win = synth_buffers(20_000, s.buffer_size_bytes, seed=1)
     ticker = Ticker()
     ticker.start()
     time.sleep(0.05)
-    holds, times = [], []
+    hold_max, tick_max, busy = [], [], []
     for _ in range(a.windows):
         ticker.reset()
-        t0 = time.perf_counter()
-        n = decode_window(dec, names, win, s.max_window_records)
-        times.append(time.perf_counter() - t0)
+        holds: list[float] = []
+        n = decode_window(dec, names, win, s.max_window_records, holds)
         time.sleep(0.003)  # let the ticker see the end of the window
-        holds.append(ticker.max_gap_s)
+        hold_max.append(max(holds))
+        busy.append(sum(holds))
+        tick_max.append(ticker.max_gap_s)
     res["window_20k"] = {
         "windows": a.windows, "records": n, "buffers": len(win),
-        "records_per_s_median": n / float(np.median(times)),
-        "window_ms_median": float(np.median(times)) * 1e3, "window_ms_max": float(np.max(times)) * 1e3,
-        "gil_hold_max_ms": float(np.max(holds)) * 1e3, "gil_hold_p50_ms": float(np.median(holds)) * 1e3,
+        # records over the time spent decoding (the yields between buffers excluded)
+        "records_per_s_median": n / float(np.median(busy)),
+        "decode_ms_per_window_median": float(np.median(busy)) * 1e3,
+        # the longest stretch of work between two yields: the GIL hold the host can feel
+        "gil_hold_max_ms": float(np.max(hold_max)) * 1e3, "gil_hold_p50_ms": float(np.median(hold_max)) * 1e3,
+        # a thread that only ticks: includes the OS scheduling it late on a loaded machine
+        "ticker_stall_max_ms": float(np.max(tick_max)) * 1e3, "ticker_stall_p50_ms": float(np.median(tick_max)) * 1e3,
     }
     big = synth_buffers(2_000_000, s.buffer_size_bytes, seed=2)
     ticker.reset()
+    holds = []
     t0 = time.perf_counter()
-    n = decode_window(dec, names, big, 2_000_000)
-    dt = time.perf_counter() - t0
+    n = decode_window(dec, names, big, 2_000_000, holds)
+    wall = time.perf_counter() - t0
     time.sleep(0.003)
-    res["records_2m"] = {"records": n, "buffers": len(big), "seconds": dt, "records_per_s": n / dt,
-                         "gil_hold_max_ms": ticker.max_gap_s * 1e3}
+    res["records_2m"] = {"records": n, "buffers": len(big), "decode_seconds": sum(holds), "wall_seconds": wall,
+                         "records_per_s": n / sum(holds), "gil_hold_max_ms": max(holds) * 1e3,
+                         "gil_hold_p99_ms": float(np.percentile(holds, 99)) * 1e3,
+                         "ticker_stall_max_ms": ticker.max_gap_s * 1e3}
     ticker.stop.set()
+    res["loadavg_after"] = os.getloadavg()
     res["decode_fallback_buffers"] = dec.stats.fallback_buffers
     res["targets"] = {"records_per_s": 10e6, "gil_hold_ms_per_20k_window": 1.0}
     res["met"] = {"records_per_s": min(res["window_20k"]["records_per_s_median"], res["records_2m"]["records_per_s"]) >= 10e6,
-                  "gil_hold": res["window_20k"]["gil_hold_max_ms"] < 1.0}
+                  "gil_hold_p50_window": res["window_20k"]["gil_hold_p50_ms"] < 1.0,
+                  "gil_hold_max_window": res["window_20k"]["gil_hold_max_ms"] < 1.0}
     res["versions"] = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
                        "cpus": os.cpu_count()}
     os.makedirs(a.out, exist_ok=True)

@@ -163,31 +163,60 @@ class RecordStore:
 
 
 class NameTable:
-    """Kernel name pointers -> name ids of the current window. CUPTI shares one name string among
-    every record of a kernel, so each distinct pointer is read once for the process (cached) and
-    each buffer's pointers are mapped with a small per-buffer unique (no window-wide sort)."""
+    """Kernel name pointers -> name ids of the current window, vectorised.
+
+    CUPTI shares one name string among every record of a kernel, so a process has few distinct
+    pointers: they are kept sorted with a process-wide id each (each pointer read once), and a
+    buffer's pointers are mapped with one searchsorted (no per-record Python, no sort of the
+    buffer; a new pointer costs one read). Different pointers with the same text share an id."""
 
     def __init__(self, read: Callable[[int], str]) -> None:
         self._read = read
-        self._cache: dict[int, str] = {}
+        self._ptrs = np.zeros(0, np.uint64)  # sorted known pointers
+        self._gid = np.zeros(0, np.int64)  # process-wide name id of each
+        self._gnames: list[str] = []
+        self._gindex: dict[str, int] = {}
         self.new_window()
 
     def new_window(self) -> None:
-        self.names: list[str] = []
-        self._index: dict[str, int] = {}
+        self.names: list[str] = []  # the window's names, by window id
+        self._win_of = np.full(len(self._gnames), -1, np.int32)  # process-wide id -> window id
+
+    def _learn(self, new_ptrs: np.ndarray) -> None:
+        gids = []
+        for p in new_ptrs.tolist():
+            s = self._read(p)
+            g = self._gindex.get(s)
+            if g is None:
+                g = self._gindex[s] = len(self._gnames)
+                self._gnames.append(s)
+            gids.append(g)
+        ptrs = np.concatenate([self._ptrs, new_ptrs.astype(np.uint64)])
+        gid = np.concatenate([self._gid, np.asarray(gids, np.int64)])
+        order = np.argsort(ptrs, kind="stable")
+        self._ptrs, self._gid = ptrs[order], gid[order]
+        if len(self._win_of) < len(self._gnames):
+            self._win_of = np.concatenate([self._win_of, np.full(len(self._gnames) - len(self._win_of), -1, np.int32)])
+
+    def _lookup(self, name_ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not len(self._ptrs):
+            return np.zeros(len(name_ptr), np.intp), np.zeros(len(name_ptr), bool)
+        idx = np.minimum(np.searchsorted(self._ptrs, name_ptr), len(self._ptrs) - 1)
+        return idx, self._ptrs[idx] == name_ptr
 
     def ids(self, name_ptr: np.ndarray) -> np.ndarray:
         if not len(name_ptr):
             return np.zeros(0, np.int32)
-        u, inv = np.unique(name_ptr, return_inverse=True)
-        uid = np.empty(len(u), np.int32)
-        for i, p in enumerate(u.tolist()):
-            s = self._cache.get(p)
-            if s is None:
-                s = self._cache[p] = self._read(p)
-            j = self._index.get(s)
-            if j is None:
-                j = self._index[s] = len(self.names)
-                self.names.append(s)
-            uid[i] = j
-        return uid[inv.reshape(-1)]
+        name_ptr = name_ptr.astype(np.uint64, copy=False)
+        idx, hit = self._lookup(name_ptr)
+        if not hit.all():
+            self._learn(np.unique(name_ptr[~hit]))
+            idx, hit = self._lookup(name_ptr)
+        g = self._gid[idx]
+        w = self._win_of[g]
+        if (w < 0).any():
+            for gi in np.unique(g[w < 0]).tolist():
+                self._win_of[gi] = len(self.names)
+                self.names.append(self._gnames[gi])
+            w = self._win_of[g]
+        return w
