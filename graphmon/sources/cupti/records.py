@@ -108,7 +108,7 @@ class BufferDecoder:
         st.buffers += 1
         n_bytes = len(data)
         rb = self.record_bytes
-        if rb >= MIN_KERNEL_RECORD_BYTES and n_bytes and n_bytes % rb == 0:
+        if rb >= MIN_KERNEL_RECORD_BYTES and rb % 8 == 0 and n_bytes and n_bytes % rb == 0:
             n = n_bytes // rb
             if (np.frombuffer(data, "<u4", count=n * rb // 4)[:: rb // 4] == KIND_CONCURRENT_KERNEL).all():
                 st.records += n
@@ -126,8 +126,9 @@ class BufferDecoder:
         offs = offs[(offs >= 0) & (offs + MIN_KERNEL_RECORD_BYTES <= len(data))]
         kinds = data[offs[:, None] + np.arange(4)].copy().view("<u4").reshape(-1)
         is_kernel = np.isin(kinds, KERNEL_KINDS)
-        if not self.record_bytes and len(offs) >= 2 and is_kernel[0] and is_kernel[1]:
-            self.record_bytes = st.record_bytes = int(offs[1] - offs[0])  # measured: libcupti's own stride
+        stride = int(offs[1] - offs[0]) if len(offs) >= 2 else 0
+        if not self.record_bytes and is_kernel[:2].all() and stride >= MIN_KERNEL_RECORD_BYTES and stride % 8 == 0:
+            self.record_bytes = st.record_bytes = stride  # measured: libcupti's own stride
         st.fallback_buffers += 1
         st.fallback_records += len(offs)
         st.other_kind_records += int((~is_kernel).sum())
