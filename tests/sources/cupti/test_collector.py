@@ -488,3 +488,31 @@ def test_the_fake_drives_kernel10_buffers_through_the_collector():
     assert src.stats["record_bytes"] == KERNEL10_BYTES
     assert src.stats["decode_fallback_buffers"] == 1  # the first buffer, which measured the size
     assert sorted(set(t.names)) == sorted({k.name for k in decode_like(4, MAIN, SIDE)})
+
+
+def test_launch_callbacks_keep_nothing_per_launch():
+    # issue 13: the launch callback writes preallocated slots; the old one appended a tuple per
+    # launch (and added to a set). Net memory graphmon's CUPTI code keeps after 2,000 in-window
+    # launches must not grow with the launches.
+    import tracemalloc
+
+    fake, src, windows = make(observer="off", window_launches=100_000, window_duration_ms=60_000, interval_s=60.0)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.in_window)
+    for _ in range(50):
+        fake.launch(h, MAIN)  # warm: stream ids, registry entry
+    # the callbacks' code; records.py (decoding buffers, on the collector thread) is left out
+    only_ours = [tracemalloc.Filter(True, "*graphmon/sources/cupti/*"), tracemalloc.Filter(False, "*/records.py")]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot().filter_traces(only_ours)
+        for _ in range(2000):
+            fake.launch(h, MAIN)
+        after = tracemalloc.take_snapshot().filter_traces(only_ours)
+    finally:
+        tracemalloc.stop()
+        src.stop()
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
+    assert grown < 2000 * 8, grown  # under one pointer per launch: slots are reused, not appended
+    assert windows and windows[0].trace.n_launches == 2050
