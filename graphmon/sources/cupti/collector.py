@@ -1,25 +1,21 @@
 """Live CUPTI source: sampled CONCURRENT_KERNEL windows + driver-API graph callbacks.
 
-The window state machine. CUPTI itself sits behind api.CuptiActivityApi (the only module that
-touches cupti-python or libcupti); records are decoded in records.py, traces assembled in
-assemble.py, the observer effect measured in observer.py. What it does, and why:
+The window state machine. CUPTI sits behind api.CuptiActivityApi; records.py decodes buffers,
+assemble.py builds traces, observer.py measures the observer effect. What it does, and why:
 
-- Kernel tracing perturbs what it measures (+12-33% per replay on an H200 while on, see
-  shared notes), so it is on only inside short *windows*: every ``interval_s`` a window opens
-  for ``window_launches`` graph launches or ``window_duration_ms``, whichever ends first
-  (defaults in graphmon.settings.CuptiSettings). ``request_capture`` opens a window soon and tags it.
-- Only CONCURRENT_KERNEL is enabled (KERNEL serializes kernels).
-- Graph identity/upload mode come from driver-API callbacks (runtime calls reach them too). The
-  launch callback costs ~0.4% of a replay, so it is enabled only while it is needed: inside
-  windows and their reference phase, and while some exec created after attach has not launched
-  yet (its first launch decides ``lazy``).
+- Kernel tracing (CONCURRENT_KERNEL only: KERNEL serializes kernels) perturbs what it measures
+  (+12-33% per replay on an H200), so it is on only in
+  short *windows*: every ``interval_s``, for ``window_launches`` graph launches or
+  ``window_duration_ms`` (graphmon.settings.CuptiSettings). ``request_capture`` opens one soon.
+- Graph identity/upload mode come from driver-API callbacks. The launch callback (~0.4% of a
+  replay) is on only inside windows and their reference phase, and while an exec created after
+  attach has not launched yet (its first launch decides ``lazy``).
 - Nothing on the host's path waits for graphmon (issue 13): the launch callback writes into
   preallocated slots (launches.py); buffers are queued by CUPTI's completion callback and decoded
   here, one buffer per GIL hold, under no lock a callback takes; a window closes by waiting for
   its launches' CUDA events and then flushing *without* forcing (a forced flush returns kernels
   still running with zero end times).
-- Callbacks never raise into the host: errors are counted by stage. ``finalize`` is never called
-  (it broke the CUDA context on the H200).
+- Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
 from graphmon.sources.cupti.assemble import build_trace
 from graphmon.sources.cupti.launches import LaunchRing
+from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
 from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
@@ -97,12 +94,7 @@ class CuptiSource(Source):
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
         if self._cupti_python is None:
-            try:
-                from importlib.metadata import version
-
-                self._cupti_python = version("cupti-python")
-            except Exception:
-                self._cupti_python = ""  # not installed (tests with a fake), or metadata unreadable
+            self._cupti_python = cupti_python_version()
         out = {"backend": self.backend, "observer": self.observer}
         if self._cupti_python:
             out["cupti_python"] = self._cupti_python
@@ -414,11 +406,7 @@ class CuptiSource(Source):
         return (time.perf_counter() - t0) * 1e3
 
     def _window_has_its_launches(self) -> bool:
-        want = self._win.columns()["correlation_id"]
-        if not len(want):
-            return True
-        have = [p.correlation_id for p in self._store.parts]
-        return bool(have) and bool(np.isin(want, np.concatenate(have)).all())
+        return self._store.has_all(self._win.columns()["correlation_id"])
 
     def _ingest(self) -> None:
         """Decode the queued buffers, one per GIL hold, and give each back to the pool."""

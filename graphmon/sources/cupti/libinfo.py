@@ -58,3 +58,13 @@ def wheel_version_of(lib_path: str) -> str:
         except OSError:
             continue
     return ""
+
+
+def cupti_python_version() -> str:
+    """The installed cupti-python's version, or '' (not installed, or metadata unreadable)."""
+    try:
+        from importlib.metadata import version
+
+        return version("cupti-python")
+    except Exception:
+        return ""

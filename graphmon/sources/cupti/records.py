@@ -157,6 +157,12 @@ class RecordStore:
             self.parts.append(cols)
             self.n_records += len(cols)
 
+    def has_all(self, correlation_ids: np.ndarray) -> bool:
+        """Whether every one of ``correlation_ids`` has records here (a window's launches came back)."""
+        if not len(correlation_ids):
+            return True
+        return bool(self.parts) and bool(np.isin(correlation_ids, np.concatenate([p.correlation_id for p in self.parts])).all())
+
     def take(self) -> KernelColumns:
         out = KernelColumns.concat(self.parts)
         self.parts, self.n_records = [], 0
