@@ -160,6 +160,9 @@ class CuptiPythonApi:
 
         paths = loaded_libcupti_paths()
         if not paths:
+            self.c.get_timestamp()  # cupti-python may load libcupti on first use
+            paths = loaded_libcupti_paths()
+        if not paths:
             raise RuntimeError("cupti-python imported but no libcupti is mapped in this process")
         self.lib = ctypes.CDLL(paths[0])  # the copy cupti-python loaded: dlopen returns the same handle
         self.lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
