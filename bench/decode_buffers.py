@@ -86,10 +86,16 @@ def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray
         ids.append(names.ids(cols.name_ptr))
         holds.append(time.perf_counter() - t0)
         time.sleep(0)  # the collector yields between buffers
-    t0 = time.perf_counter()
-    cols = store.take()
+    marks = [time.perf_counter()]
+
+    def pause():  # the collector yields between columns of the window's concatenation
+        holds.append(time.perf_counter() - marks[-1])
+        time.sleep(0)
+        marks.append(time.perf_counter())
+
+    cols = store.take(pause)
     np.concatenate(ids)
-    holds.append(time.perf_counter() - t0)  # the window's concatenation: one more hold
+    holds.append(time.perf_counter() - marks[-1])
     return len(cols)
 
 

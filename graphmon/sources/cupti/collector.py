@@ -286,7 +286,7 @@ class CuptiSource(Source):
     def _deliver(self, req, started: float, ended: float, window_ms: float, flush_ms: float, timer) -> None:
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
-        cols = self._store.take()
+        cols = self._store.take(pause=lambda: time.sleep(0))
         name_id = np.concatenate(self._store_names) if self._store_names else np.zeros(0, np.int32)
         self._store_names = []
         trace, raw = build_trace(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,

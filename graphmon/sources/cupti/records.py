@@ -73,10 +73,17 @@ class KernelColumns:
         return cls(*(np.zeros(0, t) for t in _DTYPES))
 
     @classmethod
-    def concat(cls, parts: list["KernelColumns"]) -> "KernelColumns":
+    def concat(cls, parts: list["KernelColumns"], pause: Optional[Callable[[], None]] = None) -> "KernelColumns":
+        """One array per column; ``pause`` runs between columns (the collector yields the GIL there:
+        a 2M-record window is 8 short holds, not one long one)."""
         if not parts:
             return cls.empty()
-        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in COLUMNS))
+        out = []
+        for c in COLUMNS:
+            out.append(np.concatenate([getattr(p, c) for p in parts]))
+            if pause is not None:
+                pause()
+        return cls(*out)
 
     def head(self, n: int) -> "KernelColumns":
         return KernelColumns(*(getattr(self, c)[:n] for c in COLUMNS))
@@ -163,8 +170,8 @@ class RecordStore:
             return True
         return bool(self.parts) and bool(np.isin(correlation_ids, np.concatenate([p.correlation_id for p in self.parts])).all())
 
-    def take(self) -> KernelColumns:
-        out = KernelColumns.concat(self.parts)
+    def take(self, pause: Optional[Callable[[], None]] = None) -> KernelColumns:
+        out = KernelColumns.concat(self.parts, pause)
         self.parts, self.n_records = [], 0
         return out
 
