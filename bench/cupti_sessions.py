@@ -69,26 +69,28 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    from graphmon.sources import cupti as gc
+    from graphmon.settings import CuptiSettings
+    from graphmon.sources.cupti.collector import CuptiSource
+    from graphmon.sources.cupti.libinfo import library_info
 
     mode = a.close
     R: dict = {"mode": mode, "libs": {}}
     import torch
 
     torch.cuda.init()
-    R["libs"]["after_torch_import"] = gc.library_info()
+    R["libs"]["after_torch_import"] = library_info()
     import decode_server as ds
 
     from graphmon.model.window import CaptureRequest
 
-    src = gc.CuptiSource(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, close=a.close)
+    src = CuptiSource(settings=CuptiSettings(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, close=a.close))
     windows: list = []
     src.start(windows.append)
     t0 = time.monotonic()
     while src.health().state != "running" and time.monotonic() - t0 < 20:
         time.sleep(0.01)
     R["state"] = src.health().state
-    R["libs"]["after_attach"] = gc.library_info()
+    R["libs"]["after_attach"] = library_info()
     R["info"] = src.info()
     model = ds.DecodeModel(layers=a.layers)
     graphs = ds.build(model, [1], ["uploaded", "lazy"], label=False)

@@ -90,7 +90,7 @@ def versions():
         v["nvidia_cuda_cupti"] = version("nvidia-cuda-cupti")
     except Exception as e:
         v["cupti_python"] = repr(e)
-    from graphmon.sources.cupti.collector import library_info
+    from graphmon.sources.cupti.libinfo import library_info
 
     v.update(library_info())  # the libcupti this process loaded (torch loads it at import)
     return v
@@ -397,11 +397,9 @@ def _arm_settings(arm: str) -> dict:
 
 
 def _defaults():
-    import inspect
+    from graphmon.settings import CuptiSettings
 
-    from graphmon.sources.cupti.collector import CuptiSource
-
-    p = inspect.signature(CuptiSource.__init__).parameters
+    p = CuptiSettings.model_fields
     return {k: p[k].default for k in ("window_launches", "window_duration_ms", "interval_s", "drain_ms", "max_drain_ms",
                                       "buffer_size_bytes", "close")}
 

@@ -162,7 +162,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.source == "cupti":
         from graphmon.sources.cupti.collector import CuptiSource
 
-        source = CuptiSource()
+        source = CuptiSource(settings=settings.cupti)
     else:
         from graphmon.formats.read import read_trace
         from graphmon.sources.replay import ReplaySource
@@ -199,6 +199,8 @@ def _attach_settings(args: argparse.Namespace) -> dict:
         "max_graphs": args.max_graphs, "max_streams": args.max_streams,
         "interval_s": args.interval_s, "window_launches": args.window_launches,
         "window_duration_ms": args.window_duration_ms, "max_drain_ms": args.max_drain_ms, "close": args.close,
+        "buffer_size_bytes": args.buffer_size_bytes, "max_buffers": args.max_buffers,
+        "max_window_records": args.max_window_records,
     }.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
         out["interval_s"] = args.window_interval_s
@@ -228,26 +230,20 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
 
 
-def _source_defaults() -> dict:
-    import inspect
-
-    from graphmon.sources.cupti.collector import CuptiSource  # imports no cupti: that happens when a source starts
-
-    return {k: v.default for k, v in inspect.signature(CuptiSource.__init__).parameters.items()}
-
-
 def _add_attach_flags(p: argparse.ArgumentParser) -> None:
+    from graphmon.settings import CuptiSettings
+
     _add_server_flags(p, replay=False)
-    d = _source_defaults()
-    p.add_argument("--interval-s", type=float, help=f"seconds between CUPTI sampling windows (default {d['interval_s']:g})")
-    p.add_argument("--window-launches", type=int, help=f"graph launches per sampling window (default {d['window_launches']})")
-    p.add_argument("--window-duration-ms", type=float,
-                   help=f"longest a sampling window stays open (default {d['window_duration_ms']:g} ms)")
-    p.add_argument("--max-drain-ms", type=float,
-                   help=f"longest tracing stays on after a window closes, for its queued replays (default {d['max_drain_ms']:g})")
+    fields = CuptiSettings.model_fields  # the one source of CUPTI defaults (env GRAPHMON_<FIELD> too)
+    for name, typ, extra in (("interval_s", float, ""), ("window_launches", int, ""), ("window_duration_ms", float, ""),
+                             ("max_drain_ms", float, ""), ("buffer_size_bytes", int, ""), ("max_buffers", int, ""),
+                             ("max_window_records", int, "")):
+        f = fields[name]
+        p.add_argument("--" + name.replace("_", "-"), type=typ,
+                       help=f"{f.description} (default {f.default:g}; env GRAPHMON_{name.upper()})" if typ is float
+                       else f"{f.description} (default {f.default}; env GRAPHMON_{name.upper()})")
     p.add_argument("--close", choices=("drain_first", "disable_first"),
-                   help=f"drain_first: trace until the window's replays ran; disable_first: stop tracing new launches "
-                        f"at once (less traced, may cut the last replays) (default {d['close']})")
+                   help=f"{fields['close'].description} (default {fields['close'].default}; env GRAPHMON_CLOSE)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +24,33 @@ def local_rank() -> int:
     return 0
 
 
+class CuptiSettings(BaseSettings):
+    """Every CUPTI sampling knob and its default (the one source: attach(), the CLI's help and flags,
+    and CuptiSource read them here). Environment: GRAPHMON_<FIELD>, e.g. GRAPHMON_INTERVAL_S."""
+
+    model_config = SettingsConfigDict(env_prefix="GRAPHMON_", extra="forbid")
+
+    window_launches: int = Field(16, ge=1, description="graph launches per sampling window")
+    window_duration_ms: float = Field(20.0, gt=0, description="longest a sampling window stays open")
+    interval_s: float = Field(10.0, gt=0, description="seconds between CUPTI sampling windows")
+    first_window_s: float = Field(1.0, ge=0, description="seconds from attach to the first window")
+    capture_max_duration_ms: float = Field(2000.0, gt=0, description="longest an on-demand capture window stays open")
+    buffer_size_bytes: int = Field(1 << 20, ge=4096, description="bytes per CUPTI activity buffer (one decode per buffer)")
+    max_buffers: int = Field(32, ge=2, description="activity buffers in the pool; a window closes early when they run out")
+    max_window_records: int = Field(2_000_000, ge=1, description="kernel records kept per window; more are counted as dropped")
+    max_window_launches: int = Field(65_536, ge=1, description="graph launches a window can hold (preallocated)")
+    drain_ms: float = Field(10.0, ge=0, description="fixed drain when no CUDA event tells when the window's launches ran")
+    max_drain_ms: float = Field(250.0, ge=0, description="longest tracing stays on after a window closes, for its queued replays")
+    observer: Literal["events", "off"] = Field("events", description="time replays with CUDA events to measure the observer effect")
+    max_timed_launches: int = Field(256, ge=0, description="launches timed with CUDA events per phase")
+    blocked_retry_s: float = Field(30.0, gt=0, description="seconds between subscribe attempts while another profiler holds CUPTI")
+    poll_s: float = Field(0.05, gt=0, description="collector thread poll interval")
+    keep_raw: bool = Field(False, description="diagnostics: keep each window's unfiltered records")
+    close: Literal["drain_first", "disable_first"] = Field(
+        "drain_first", description="drain_first: trace until the window's replays ran; disable_first: stop tracing new "
+                                   "launches at once (less traced, may cut the last replays)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRAPHMON_", extra="forbid")
 
@@ -41,6 +68,7 @@ class Settings(BaseSettings):
     # Replay source (demo / recorded traces)
     window_interval_s: float = Field(1.0, gt=0, description="seconds between windows")
     replays_per_window: int = Field(20, ge=1, description="replays per graph in one replayed window")
+    cupti: CuptiSettings = Field(default_factory=CuptiSettings, description="live CUPTI sampling")
 
     @field_validator("token")
     @classmethod

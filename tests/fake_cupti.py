@@ -1,6 +1,10 @@
-"""A fake of the parts of cupti-python that graphmon's CUPTI source uses, plus a tiny simulated
-GPU, so that the source's logic (callbacks, windows, buffers, graph identity, observer timing)
-runs on a CPU with exactly known kernel timestamps.
+"""A fake of graphmon's small CUPTI protocol (graphmon.sources.cupti.api.CuptiActivityApi) plus a
+tiny simulated GPU, so that the collector's logic (callbacks, windows, buffers, graph identity,
+observer timing) runs on a CPU with exactly known kernel timestamps.
+
+Kernel records are written into raw activity buffers in the real CUpti_ActivityKernel13 layout
+(248 bytes; 216 for Kernel10) with struct.pack_into at the offsets of cupti_activity.h, written
+here independently of graphmon's decoder, so the collector's buffer path runs end to end.
 
 The simulated GPU runs a graph as a chain of kernels per stream: each kernel has a duration
 and a gap before it; while CONCURRENT_KERNEL tracing is on, durations and gaps are multiplied
@@ -9,72 +13,37 @@ by ``trace_slowdown`` (the observer effect). Event timestamps follow the same cl
 
 from __future__ import annotations
 
-import ctypes
 import itertools
+import struct
 import threading
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
+import numpy as np
 
-class ActivityKind:
-    KERNEL = 3
-    CONCURRENT_KERNEL = 10
-    GRAPH_TRACE = 50
+from graphmon.sources.cupti.api import RawBuffer
 
-
-class CallbackDomain:
-    DRIVER_API = 1
-    RUNTIME_API = 2
-
-
-class ApiCallbackSite:
-    API_ENTER = 0
-    API_EXIT = 1
-
-
-class DriverApiTraceCbid:
-    cuGraphLaunch = 514
-    cuGraphLaunch_ptsz = 515
-    cuGraphUpload = 600
-    cuGraphUpload_ptsz = 601
-    cuGraphInstantiate = 610
-    cuGraphInstantiate_v2 = 611
-    cuGraphInstantiateWithFlags = 612
-    cuGraphInstantiateWithParams = 613
-    cuGraphInstantiateWithParams_ptsz = 614
-    cuGraphExecDestroy = 620
+KIND_KERNEL = 3
+KIND_CONCURRENT_KERNEL = 10
+KERNEL13_BYTES = 248  # CUpti_ActivityKernel13 (CUPTI 13.4)
+KERNEL10_BYTES = 216  # CUpti_ActivityKernel10 (CUPTI 13.0)
 
 
 class CuptiError(RuntimeError):
     pass
 
 
-_objects: dict[int, object] = {}
-_ptrs = itertools.count(0x1000, 0x10)
-
-
-def _params(**fields) -> int:
-    ptr = next(_ptrs)
-    _objects[ptr] = SimpleNamespace(**fields)
-    return ptr
-
-
-class _Params:
-    @staticmethod
-    def from_ptr(ptr, readonly=False, owner=None):
-        return _objects[ptr]
-
-
-CuGraphLaunchParams = CuGraphLaunchPtszParams = CuGraphUploadParams = CuGraphUploadPtszParams = _Params
-CuGraphInstantiateParams = CuGraphInstantiateV2Params = CuGraphInstantiateWithFlagsParams = _Params
-CuGraphInstantiateWithParamsParams = CuGraphInstantiateWithParamsPtszParams = CuGraphExecDestroyParams = _Params
-
-
-class InstantiateParams(ctypes.Structure):
-    """CUDA_GRAPH_INSTANTIATE_PARAMS layout."""
-
-    _fields_ = [("flags", ctypes.c_uint64), ("hUploadStream", ctypes.c_void_p), ("hErrNode_out", ctypes.c_void_p), ("result_out", ctypes.c_int)]
+def pack_kernel(buf, off: int, *, kind=KIND_CONCURRENT_KERNEL, start=0, end=0, device=0, stream=0, corr=0,
+                name_ptr=0, graph_node_id=0, graph_id=0, context=1) -> None:
+    """One CUpti_ActivityKernel record at ``off`` (fields at cupti_activity.h's offsets)."""
+    struct.pack_into("<I", buf, off + 0, kind)
+    struct.pack_into("<QQQ", buf, off + 16, start, end, end)  # start, end, completed
+    struct.pack_into("<III", buf, off + 40, device, context, stream)  # deviceId, contextId, streamId
+    struct.pack_into("<iiiiii", buf, off + 52, 1, 1, 1, 128, 1, 1)  # grid, block
+    struct.pack_into("<Iq", buf, off + 92, corr, 0)  # correlationId, gridId (int64 at 96)
+    struct.pack_into("<Q", buf, off + 104, name_ptr)
+    struct.pack_into("<Q", buf, off + 144, graph_node_id)
+    struct.pack_into("<I", buf, off + 156, graph_id)
 
 
 @dataclass
@@ -86,201 +55,196 @@ class Kernel:
 
 
 class FakeCupti:
-    """Module-like object: pass it as ``CuptiSource(cupti=fake)``."""
+    """Implements CuptiActivityApi: pass it as ``CuptiSource(cupti=fake)``."""
 
-    ActivityKind = ActivityKind
-    CallbackDomain = CallbackDomain
-    ApiCallbackSite = ApiCallbackSite
-    DriverApiTraceCbid = DriverApiTraceCbid
-    CuGraphLaunchParams = CuGraphLaunchParams
-    CuGraphLaunchPtszParams = CuGraphLaunchPtszParams
-    CuGraphUploadParams = CuGraphUploadParams
-    CuGraphUploadPtszParams = CuGraphUploadPtszParams
-    CuGraphInstantiateParams = CuGraphInstantiateParams
-    CuGraphInstantiateV2Params = CuGraphInstantiateV2Params
-    CuGraphInstantiateWithFlagsParams = CuGraphInstantiateWithFlagsParams
-    CuGraphInstantiateWithParamsParams = CuGraphInstantiateWithParamsParams
-    CuGraphInstantiateWithParamsPtszParams = CuGraphInstantiateWithParamsPtszParams
-    CuGraphExecDestroyParams = CuGraphExecDestroyParams
-
-    def __init__(self, trace_slowdown: float = 1.0, records_per_buffer: int = 4096, record_bytes: int = 256) -> None:
+    def __init__(self, trace_slowdown: float = 1.0, record_bytes: int = KERNEL13_BYTES, buffer_bytes: int = 1 << 16,
+                 max_buffers: int = 32) -> None:
         self.lock = threading.RLock()
         self.trace_slowdown = trace_slowdown
-        self.records_per_buffer = records_per_buffer
         self.record_bytes = record_bytes
-        self.subscriber = None  # (handle, callback)
+        self.sizes = {KIND_CONCURRENT_KERNEL: record_bytes, KIND_KERNEL: record_bytes}  # what the walker knows
+        self.handler = None
         self.blocked_by_other = False
-        self.enabled: set[tuple[int, int]] = set()  # (domain, cbid)
-        self.activity: set[int] = set()
-        self.req = self.done = None
-        self.pending: list = []
-        self.buffer_room = 0
+        self.launch_callbacks = False
+        self.activity = False
+        self.buffer_bytes = buffer_bytes
+        self._buffers = [np.zeros(buffer_bytes, np.uint8) for _ in range(max_buffers)]
+        self.free = list(range(max_buffers))
+        self.done: list[tuple[int, int]] = []
+        self.cur = -1  # buffer being filled
+        self.fill = 0
         self.dropped = 0
-        self.finalize_calls = 0
+        self.flushes: list[bool] = []  # forced flag of every flush
         self.corr = itertools.count(1)
         self.execs: dict[int, list[Kernel]] = {}
         self.exec_ids: dict[int, int] = {}
         self.handles = itertools.count(0x7F0000001000, 0x1000)
         self.graph_ids = itertools.count(1)
+        self.name_ptrs: dict[str, int] = {}
+        self.names: dict[int, str] = {}
         self.clock_ns = 1_000_000_000  # GPU time; all streams advance together (one graph at a time)
         self.ts = itertools.count(5_000_000_000, 1000)
         self.callback_calls = 0
         self.launches = 0
 
-    # ---------------------------------------------------------------- CUPTI API
-    def subscribe(self, cb, userdata):
+    # ---------------------------------------------------------------- CuptiActivityApi
+    def subscribe(self, handler):
         with self.lock:
-            if self.blocked_by_other or self.subscriber is not None:
+            if self.blocked_by_other or self.handler is not None:
                 raise CuptiError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
-            self.subscriber = (id(cb), cb)
-            return id(cb)
+            self.handler = handler
 
-    def unsubscribe(self, sub):
+    def unsubscribe(self):
         with self.lock:
-            if self.subscriber is None or self.subscriber[0] != sub:
+            if self.handler is None:
                 raise CuptiError("CUPTI_ERROR_INVALID_PARAMETER")
-            self.subscriber = None
-            self.enabled.clear()
+            self.handler = None
+            self.launch_callbacks = False
 
-    def enable_callback(self, enable, sub, domain, cbid):
-        with self.lock:
-            if self.subscriber is None or self.subscriber[0] != sub:
-                raise CuptiError("CUPTI_ERROR_INVALID_PARAMETER")
-            (self.enabled.add if enable else self.enabled.discard)((domain, int(cbid)))
+    def set_launch_callbacks(self, on):
+        if self.handler is None:
+            raise CuptiError("CUPTI_ERROR_INVALID_PARAMETER")
+        self.launch_callbacks = bool(on)
 
-    def activity_register_callbacks(self, req, done):
-        self.req, self.done = req, done
-
-    def activity_enable(self, kind):
-        if kind == ActivityKind.KERNEL:
-            raise AssertionError("graphmon must never enable KERNEL (it serializes kernels)")
+    def set_kernel_activity(self, on):
         with self.lock:  # a launch is wholly inside or outside tracing
-            self.activity.add(kind)
+            self.activity = bool(on)
 
-    def activity_disable(self, kind):
+    def flush(self, forced=False):
         with self.lock:
-            self.activity.discard(kind)
-
-    def activity_flush_all(self, flag):
-        with self.lock:
+            self.flushes.append(bool(forced))
             self._complete()
 
-    def activity_get_num_dropped_records(self, ctx, stream, addr):
-        ctypes.c_size_t.from_address(addr).value = self.dropped
+    def completed_buffer(self):
+        with self.lock:
+            if not self.done:
+                return None
+            i, valid = self.done.pop(0)
+        return RawBuffer(self._buffers[i][:valid], i)
 
-    def get_timestamp(self):
+    def release_buffer(self, key):
+        with self.lock:
+            assert key not in self.free and key != self.cur, "released a buffer CUPTI still owns"
+            self.free.append(key)
+
+    def free_buffers(self):
+        return len(self.free)
+
+    def walk_records(self, data):
+        """Like cuptiActivityGetNextRecord: record by record, each kind's own size."""
+        out, off = [], 0
+        while off + 4 <= len(data):
+            kind = int(data[off : off + 4].view("<u4")[0])
+            size = self.sizes.get(kind)
+            if not size:
+                break  # CUPTI_ERROR_INVALID_KIND
+            out.append(off)
+            off += size
+        return np.asarray(out, np.int64)
+
+    def kernel_name(self, ptr):
+        return self.names[ptr]
+
+    def dropped_records(self):
+        return self.dropped
+
+    def timestamp_ns(self):
         return next(self.ts)
 
-    def get_graph_exec_id(self, h):
+    def graph_exec_id(self, h):
         return self.exec_ids[h]
 
-    def get_stream_id_ex(self, ctx, stream, per_thread):
+    def stream_id(self, ctx, stream):
         return int(stream)  # identity: tests launch on "handles" equal to CUPTI stream ids
 
-    def finalize(self):
-        self.finalize_calls += 1
-        raise AssertionError("graphmon must never call cupti.finalize()")
+    def info(self):
+        return {"cupti_lib": "fake"}
 
     # ---------------------------------------------------------------- buffers
-    def _record(self, rec):
-        if self.buffer_room == 0:
-            size, _ = self.req()
-            if size <= 0:
+    def write_record(self, size: int, **fields) -> None:
+        """Append a record (a kernel, or another kind of ``size`` bytes) to the current buffer."""
+        if self.cur < 0:
+            if not self.free:
                 self.dropped += 1
                 return
-            self.buffer_room = max(1, size // self.record_bytes)
-        self.pending.append(rec)
-        self.buffer_room -= 1
-        if self.buffer_room == 0 or len(self.pending) >= self.records_per_buffer:
+            self.cur, self.fill = self.free.pop(0), 0
+        pack_kernel(self._buffers[self.cur], self.fill, **fields) if size >= 160 else \
+            struct.pack_into("<I", self._buffers[self.cur], self.fill, fields["kind"])
+        self.fill += size
+        if self.fill + self.record_bytes > self.buffer_bytes:
             self._complete()
 
     def _complete(self):
-        if self.pending and self.done is not None:
-            batch, self.pending = self.pending, []
-            self.buffer_room = 0
-            self.done(batch)
+        if self.cur >= 0 and self.fill:
+            self.done.append((self.cur, self.fill))
+            self.cur, self.fill = -1, 0
+
+    def _name_ptr(self, name: str) -> int:
+        p = self.name_ptrs.get(name)
+        if p is None:
+            p = self.name_ptrs[name] = 0x5000_0000 + 0x40 * len(self.name_ptrs)
+            self.names[p] = name
+        return p
 
     # ---------------------------------------------------------------- simulated host API calls
-    def _callback(self, cbid, site, corr, params, ret=0):
-        sub = self.subscriber
-        if sub is None or (CallbackDomain.DRIVER_API, cbid) not in self.enabled:
+    def _call(self, method, *args):
+        h = self.handler
+        if h is None:
             return
         self.callback_calls += 1
-        rv = ctypes.c_int(ret)  # CUPTI gives a pointer to the return value at API exit
-        data = SimpleNamespace(
-            callback_site=site, correlation_id=corr, function_params=params,
-            function_return_value=ctypes.addressof(rv) if site == ApiCallbackSite.API_EXIT else 0, context=0xC0,
-        )
-        sub[1](None, CallbackDomain.DRIVER_API, cbid, data)
+        try:  # the real adapter contains callback errors the same way
+            getattr(h, method)(*args)
+        except Exception:
+            h.count_error("callback")
 
-    def _api(self, cbid, params, body=None, ret=0):
-        corr = next(self.corr)
-        self._callback(cbid, ApiCallbackSite.API_ENTER, corr, params)
-        out = body(corr) if body else None
-        self._callback(cbid, ApiCallbackSite.API_EXIT, corr, params, ret)
-        return out
-
-    def instantiate(self, kernels: list[Kernel], flags: int = 0, upload_stream: int = 0, api: str = "WithFlags", fail: bool = False) -> int:
+    def instantiate(self, kernels: list[Kernel], flags: int = 0, upload_stream: int = 0, api: str = "WithFlags",
+                    fail: bool = False) -> int:
         h = next(self.handles)
-        slot = ctypes.c_uint64(0)
         with self.lock:
-            if api == "WithParams":
-                ip = InstantiateParams(flags=flags, hUploadStream=upload_stream or None)
-                params = _params(ph_graph_exec=ctypes.addressof(slot), h_graph=1, instantiate_params=ctypes.addressof(ip))
-                cbid = DriverApiTraceCbid.cuGraphInstantiateWithParams
-            else:
-                ip = None
-                params = _params(ph_graph_exec=ctypes.addressof(slot), h_graph=1, flags_=flags)
-                cbid = DriverApiTraceCbid.cuGraphInstantiateWithFlags
-
-            def body(corr):
-                if not fail:
-                    slot.value = h
-                    self.execs[h] = list(kernels)
-                    self.exec_ids[h] = next(self.graph_ids)
-
-            self._api(cbid, params, body, ret=1 if fail else 0)
-            del ip
+            next(self.corr)
+            if fail:
+                return h
+            self.execs[h] = list(kernels)
+            self.exec_ids[h] = next(self.graph_ids)
+            self._call("on_instantiate", h, 0xC0, flags, upload_stream if api == "WithParams" else None)
         return h
 
-    def upload(self, h: int, stream: int, ptsz: bool = False):
+    def upload(self, h: int, stream: int):
         with self.lock:
-            if ptsz:
-                p = _params(h_graph_exec=h, h_stream=stream)
-                self._api(DriverApiTraceCbid.cuGraphUpload_ptsz, p)
-            else:
-                p = _params(h_graph=h, h_stream=stream)
-                self._api(DriverApiTraceCbid.cuGraphUpload, p)
+            next(self.corr)
+            self._call("on_upload", h, 0xC0, stream)
 
     def destroy(self, h: int):
         with self.lock:
-            self._api(DriverApiTraceCbid.cuGraphExecDestroy, _params(h_graph_exec=h))
+            next(self.corr)
+            self._call("on_destroy", h)
             self.execs.pop(h, None)
 
-    def launch(self, h: int, stream: int, ptsz: bool = False, block_s: float = 0.0) -> int:
+    def launch(self, h: int, stream: int, block_s: float = 0.0) -> int:
         """Launch; returns the correlation id. Kernels run now on the simulated GPU.
 
         ``block_s``: the API call blocks that long between its enter and exit callbacks, as
         cuGraphLaunch does while the GPU's queue is full; the graph runs at the end of it."""
-        p = _params(h_graph_exec=h, h_stream=stream) if ptsz else _params(h_graph=h, h_stream=stream)
-        cbid = DriverApiTraceCbid.cuGraphLaunch_ptsz if ptsz else DriverApiTraceCbid.cuGraphLaunch
-        if block_s <= 0:
-            with self.lock:
-                self.launches += 1
-                return self._api(cbid, p, lambda corr: (self._run_graph(h, corr), corr)[1])
         corr = next(self.corr)
         with self.lock:
             self.launches += 1
-            self._callback(cbid, ApiCallbackSite.API_ENTER, corr, p)
+            if self.launch_callbacks:
+                self._call("on_launch_enter", corr, h, 0xC0, stream)
+            if block_s <= 0:
+                self._run_graph(h, corr)
+                if self.launch_callbacks:
+                    self._call("on_launch_exit", corr)
+                return corr
         time.sleep(block_s)
         with self.lock:
             self._run_graph(h, corr)
-            self._callback(cbid, ApiCallbackSite.API_EXIT, corr, p)
+            if self.launch_callbacks:
+                self._call("on_launch_exit", corr)
         return corr
 
     def _run_graph(self, h, corr):
         kernels = self.execs[h]
-        tracing = ActivityKind.CONCURRENT_KERNEL in self.activity
+        tracing = self.activity
         f = self.trace_slowdown if tracing else 1.0
         t_stream: dict[int, int] = {}
         base = self.clock_ns
@@ -291,17 +255,13 @@ class FakeCupti:
             t_stream[k.stream] = e
             end_all = max(end_all, e)
             if tracing:
-                self._record(
-                    SimpleNamespace(
-                        kind=ActivityKind.CONCURRENT_KERNEL, start=t, end=e, stream_id=k.stream, device_id=0,
-                        graph_id=self.exec_ids[h], graph_node_id=i + 1, correlation_id=corr, name=k.name,
-                    )
-                )
+                self.write_record(self.record_bytes, start=t, end=e, stream=k.stream, device=0, corr=corr,
+                                  name_ptr=self._name_ptr(k.name), graph_node_id=i + 1, graph_id=self.exec_ids[h])
         self.clock_ns = end_all
 
 
 class FakeEvents:
-    """Event timing on the fake GPU clock (stands in for graphmon.sources.cupti.collector.CudaEvents)."""
+    """Event timing on the fake GPU clock (stands in for graphmon.sources.cupti.observer.CudaEvents)."""
 
     def __init__(self, gpu: FakeCupti, capturing: set[int] | None = None) -> None:
         self.gpu = gpu

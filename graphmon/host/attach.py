@@ -22,23 +22,6 @@ from typing import Any, Optional, Sequence
 
 log = logging.getLogger("graphmon")
 
-# CuptiSource keyword arguments accepted by attach(); everything else goes to Settings.
-SOURCE_KEYS = (
-    "window_launches",
-    "window_duration_ms",
-    "interval_s",
-    "first_window_s",
-    "capture_max_duration_ms",
-    "buffer_size_bytes",
-    "max_buffers",
-    "max_window_records",
-    "observer",
-    "max_timed_launches",
-    "blocked_retry_s",
-    "max_drain_ms",
-    "drain_ms",
-    "close",
-)
 ATTACH_ENV = "GRAPHMON_ATTACH_JSON"  # attach() kwargs for the sitecustomize hook (JSON)
 ATTACHED_ENV = "GRAPHMON_ATTACHED_LOCAL_RANK"  # set by an attached process for its children
 
@@ -119,10 +102,12 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
             warnings.warn("graphmon is already attached in this process; attach() ignored", stacklevel=2)
             return _state.exporter or _state.source
         try:
+            from graphmon.settings import CuptiSettings
             from graphmon.sources.cupti.collector import CuptiSource
 
-            src_kw = {k: settings.pop(k) for k in list(settings) if k in SOURCE_KEYS}
-            source = CuptiSource(cupti=cupti, **src_kw)
+            # CUPTI knobs go to CuptiSettings (which also reads GRAPHMON_<FIELD>), the rest to Settings
+            src_kw = {k: settings.pop(k) for k in list(settings) if k in CuptiSettings.model_fields}
+            source = CuptiSource(cupti=cupti, settings=CuptiSettings(**src_kw))
             recorder = exporter = None
             if record_path:
                 recorder = Recorder(_rank_path(record_path), record_windows)

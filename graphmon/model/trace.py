@@ -23,13 +23,15 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from graphmon.model.invalid import InvalidReason
+
 UPLOAD_MODES = ("uploaded", "instantiate_upload", "lazy", "unknown")
 
 # Reasons a kernel record is excluded (stable strings: they are metric label values).
-INVALID_ZERO_START = "zero_start"
-INVALID_END_BEFORE_START = "end_before_start"
-INVALID_DUPLICATE = "duplicate"
-INVALID_NEGATIVE = "negative_timestamp"
+INVALID_ZERO_START = InvalidReason.ZERO_START.value
+INVALID_END_BEFORE_START = InvalidReason.END_BEFORE_START.value
+INVALID_DUPLICATE = InvalidReason.DUPLICATE.value
+INVALID_NEGATIVE = InvalidReason.NEGATIVE_TIMESTAMP.value
 
 KERNEL_COLUMNS = {
     "start_ns": np.int64,

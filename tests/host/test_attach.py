@@ -53,10 +53,27 @@ def test_attach_serves_metrics_is_idempotent_and_detaches(monkeypatch):
     assert again is ex and any("already attached" in str(x.message) for x in w)
     port = ex.bound_port
     graphmon.detach()
-    assert fake.subscriber is None and fake.finalize_calls == 0
+    assert fake.handler is None
     assert attach_mod.attached() is None
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
+
+
+def test_graphmon_env_variables_reach_the_cupti_source(monkeypatch):
+    # GRAPHMON_INTERVAL_S used to be silently ignored: attach() now builds CuptiSettings, which
+    # reads GRAPHMON_<FIELD>; explicit keyword arguments still win over the environment.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("GRAPHMON_INTERVAL_S", "0.05")
+    monkeypatch.setenv("GRAPHMON_MAX_BUFFERS", "7")
+    monkeypatch.setenv("GRAPHMON_WINDOW_LAUNCHES", "3")
+    fake = FakeCupti()
+    ex = graphmon.attach(cupti=fake, port=0, serve=False, first_window_s=0.0, window_launches=5)
+    assert ex is not None
+    s = attach_mod.attached().source.settings
+    assert (s.interval_s, s.max_buffers, s.window_launches) == (0.05, 7, 5)
+    h = fake.instantiate(decode_like(1))
+    # 0.05 s between windows (the default is 10 s): several windows within a second or two
+    assert _launch_until(fake, h, lambda: len(ex.snapshot().windows) >= 1 and ex.source.stats["windows"] >= 3)
 
 
 def test_port_is_base_plus_local_rank(monkeypatch):

@@ -21,10 +21,11 @@ import graphmon.export.snapshot as snapshot_mod
 from graphmon.export.exporter import Exporter
 from graphmon.sources.cupti.registry import GraphRegistry
 from graphmon.export.collector import SnapshotCollector
-from graphmon.settings import Settings
+from graphmon.settings import CuptiSettings, Settings
 from graphmon.export.snapshot import Aggregator
 from graphmon.model.window import Window
 from graphmon.sources.base import Source
+from graphmon.sources.cupti.api import RawBuffer
 from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.replay import ReplaySource
 
@@ -386,7 +387,8 @@ def cupti_exporter():
 
     def make(**kw):
         fake = FakeCupti()
-        src = CuptiSource(cupti=fake, events=FakeEvents(fake), registry=GraphRegistry(), **{**FAST, **kw})
+        src = CuptiSource(cupti=fake, settings=CuptiSettings(**{**FAST, **kw}), events=FakeEvents(fake),
+                          registry=GraphRegistry())
         ex = Exporter(src, Settings())
         made.append(ex)
         return fake, src, ex, TestClient(ex.app)
@@ -407,17 +409,15 @@ def test_fake_cupti_api_callback_raising_never_reaches_the_launching_thread(cupt
     wait_for(lambda: src.health().state == "running", what="cupti running")
     h = fake.instantiate(decode_like(2))
 
-    class BrokenParams:
-        @staticmethod
-        def from_ptr(ptr, readonly=False, owner=None):
-            raise MemoryError("injected: params struct unreadable")
+    def broken(*a):
+        raise MemoryError("injected: params struct unreadable")
 
     with launching_host(fake, h) as host:
         wait_for(lambda: ex.snapshot().windows_total >= 1, what="a first window")
-        fake.CuGraphLaunchParams = BrokenParams  # every launch callback now raises inside graphmon
+        src.registry.on_launch = broken  # every launch callback now raises inside graphmon
         wait_for(lambda: src.health().errors.get("callback", 0) >= 20, what="callback errors")
         seen = ex.snapshot().windows_total
-        del fake.CuGraphLaunchParams  # the fault goes away: the class attribute is back
+        del src.registry.on_launch  # the fault goes away: the class's method is back
         wait_for(lambda: ex.snapshot().windows_total >= seen + 2, what="windows after the fault")
         text = assert_metrics_answer(c, "callback", 20)
         assert metric(text, "graphmon_up", rank="0") == 1.0
@@ -431,17 +431,17 @@ def test_fake_cupti_malformed_buffer_is_counted_and_next_buffers_proceed(cupti_e
     ex.start()
     wait_for(lambda: src.health().state == "running", what="cupti running")
     h = fake.instantiate(decode_like(2))
-    real_complete = fake._complete
+    real_completed = fake.completed_buffer
     poisoned = [0]
 
-    def poisoned_complete():
-        if fake.pending and poisoned[0] < 3:
+    def poisoned_completed():
+        buf = real_completed()
+        if buf is not None and poisoned[0] < 3:
             poisoned[0] += 1
-            # a record of the right kind whose fields are garbage
-            fake.pending.append(type("Rec", (), {"kind": fake.ActivityKind.CONCURRENT_KERNEL, "start": "x"})())
-        real_complete()
+            return RawBuffer(data=object(), key=buf.key)  # a buffer the decoder cannot read
+        return buf
 
-    fake._complete = poisoned_complete
+    fake.completed_buffer = poisoned_completed
     with launching_host(fake, h) as host:
         wait_for(lambda: src.health().errors.get("buffer_completed", 0) >= 3, what="buffer errors")
         seen = ex.snapshot().records_total
@@ -452,16 +452,16 @@ def test_fake_cupti_malformed_buffer_is_counted_and_next_buffers_proceed(cupti_e
 
 def test_fake_cupti_flush_and_collector_failures_do_not_stop_collection(cupti_exporter):
     fake, src, ex, c = cupti_exporter()
-    real_flush = fake.activity_flush_all
+    real_flush = fake.flush
     flush_fail = [2]
 
-    def flaky_flush(flag):
+    def flaky_flush(forced=False):
         if flush_fail[0] > 0:
             flush_fail[0] -= 1
             raise RuntimeError("injected flush failure")
-        return real_flush(flag)
+        return real_flush(forced)
 
-    fake.activity_flush_all = flaky_flush
+    fake.flush = flaky_flush
     real_resolve = src.registry.resolve_ids
     collector_fail = [1]
 

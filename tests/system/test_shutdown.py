@@ -20,7 +20,7 @@ import pytest
 import graphmon
 from graphmon.export.exporter import Exporter
 from graphmon.sources.cupti.registry import GraphRegistry
-from graphmon.settings import Settings
+from graphmon.settings import CuptiSettings, Settings
 from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.replay import ReplaySource
 
@@ -77,9 +77,9 @@ def test_stop_ends_every_graphmon_thread_within_the_bound():
 
 def test_stop_flushes_the_window_in_progress():
     fake = FakeCupti()
-    src = CuptiSource(cupti=fake, events=FakeEvents(fake), registry=GraphRegistry(), window_launches=10**6,
-                      window_duration_ms=60_000, interval_s=60.0, first_window_s=0.0, poll_s=0.005,
-                      observer="off")  # no reference phase: the window opens at once
+    opts = CuptiSettings(window_launches=10**6, window_duration_ms=60_000, interval_s=60.0, first_window_s=0.0,
+                         poll_s=0.005, observer="off")  # no reference phase: the window opens at once
+    src = CuptiSource(cupti=fake, settings=opts, events=FakeEvents(fake), registry=GraphRegistry())
     ex = Exporter(src, Settings())
     ex.start()
     wait_for(lambda: src.in_window, what="the window to open")
@@ -92,7 +92,7 @@ def test_stop_flushes_the_window_in_progress():
     assert time.monotonic() - t0 < STOP_BOUND_S + SLACK_S
     s = ex.snapshot()
     assert s.windows_total == 1 and s.records_total == 5 * len(decode_like(2))  # nothing pending was lost
-    assert fake.subscriber is None and not fake.activity  # tracing off, CUPTI free for others
+    assert fake.handler is None and not fake.activity  # tracing off, CUPTI free for others
 
 
 EXIT_SCRIPT = """
@@ -168,16 +168,16 @@ def test_second_attach_is_a_noop_with_a_warning(monkeypatch):
     ex = graphmon.attach(cupti=fake, port=0, window_launches=4, window_duration_ms=50, interval_s=0.05,
                          first_window_s=0.0, observer="off")
     assert ex is not None
-    wait_for(lambda: fake.subscriber is not None, what="subscription")
+    wait_for(lambda: fake.handler is not None, what="subscription")
     threads = graphmon_threads()
     other = FakeCupti()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         again = graphmon.attach(cupti=other, port=free_port(), window_launches=1)
     assert again is ex and [x for x in w if "already attached" in str(x.message)]
-    assert other.subscriber is None and other.callback_calls == 0  # no second CUPTI subscription
+    assert other.handler is None and other.callback_calls == 0  # no second CUPTI subscription
     assert not graphmon_threads() - threads  # no second collector, refresher or HTTP server
-    assert ex.source.window_launches == 4  # settings of the second call ignored
+    assert ex.source.settings.window_launches == 4  # settings of the second call ignored
 
 
 FORK_SCRIPT = """

@@ -1,6 +1,5 @@
-"""CuptiSource driven by a fake cupti (tests/fake_cupti.py) on the CPU."""
+"""CuptiSource (the window state machine) driven by the fake CUPTI (tests/fake_cupti.py) on the CPU."""
 
-import ctypes
 import os
 import threading
 import time
@@ -8,15 +7,15 @@ import time
 import numpy as np
 import pytest
 
-from graphmon.sources.cupti.registry import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
 from graphmon.model.window import CaptureRequest
-from graphmon.sources.cupti.collector import CuptiSource, slowdown_ratio
+from graphmon.settings import CuptiSettings
+from graphmon.sources.cupti.collector import CuptiSource
+from graphmon.sources.cupti.registry import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
 
 from helpers import DATA
-from fake_cupti import DriverApiTraceCbid, FakeCupti, FakeEvents, Kernel, decode_like
+from fake_cupti import KERNEL10_BYTES, FakeCupti, FakeEvents, Kernel, decode_like
 
 MAIN, SIDE = 7, 8
-
 
 class Workload:
     """Replays graphs in a loop from a host thread, like a serving loop."""
@@ -51,7 +50,7 @@ def make(fake=None, **kw):
     # the fake GPU runs a launch at once (no queue to drain)
     opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0)
     opts.update(kw)
-    src = CuptiSource(cupti=fake, events=FakeEvents(fake), registry=GraphRegistry(), **opts)
+    src = CuptiSource(cupti=fake, settings=CuptiSettings(**opts), events=FakeEvents(fake), registry=GraphRegistry())
     return fake, src, windows
 
 
@@ -128,13 +127,12 @@ def test_launch_callback_only_on_while_needed():
     fake, src, windows = make(interval_s=30.0, first_window_s=30.0)
     src.start(windows.append)
     assert wait_for(lambda: src.health().state == "running")
-    launch_cb = (1, DriverApiTraceCbid.cuGraphLaunch)
-    assert launch_cb not in fake.enabled
+    assert not fake.launch_callbacks
     h = fake.instantiate(decode_like(1))
-    assert launch_cb in fake.enabled  # switched on by the instantiate callback itself
+    assert fake.launch_callbacks  # switched on by the instantiate callback itself
     fake.launch(h, MAIN)
     assert src.registry.get(h).upload_mode == "lazy"
-    assert wait_for(lambda: launch_cb not in fake.enabled)  # collector turns it off again
+    assert wait_for(lambda: not fake.launch_callbacks)  # collector turns it off again
     calls = fake.callback_calls
     for _ in range(50):
         fake.launch(h, MAIN)
@@ -172,9 +170,9 @@ def test_observer_slowdown_measured_with_events(slowdown):
 def test_no_events_on_capturing_streams():
     fake = FakeCupti(trace_slowdown=1.2)
     windows = []
-    src = CuptiSource(cupti=fake, events=FakeEvents(fake, capturing={MAIN}), registry=GraphRegistry(),
-                      window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
-                      drain_ms=0)
+    opts = CuptiSettings(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+                         drain_ms=0)
+    src = CuptiSource(cupti=fake, settings=opts, events=FakeEvents(fake, capturing={MAIN}), registry=GraphRegistry())
     src.start(windows.append)
     h = fake.instantiate(decode_like(1))
     with Workload(fake, [h]):
@@ -203,11 +201,10 @@ def test_stop_unsubscribes_disables_and_never_finalizes():
         t0 = time.monotonic()
         src.stop(timeout_s=5.0)
         assert time.monotonic() - t0 < 2.0
-    assert fake.subscriber is None and not fake.activity and not fake.enabled
-    assert fake.finalize_calls == 0
+    assert fake.handler is None and not fake.activity and not fake.launch_callbacks
     assert src.health().state == "stopped"
     # CUPTI is free again: another tool (torch.profiler) can subscribe
-    assert fake.subscribe(lambda *a: None, None)
+    fake.subscribe(object())
 
 
 def test_callback_errors_are_counted_not_raised():
@@ -219,10 +216,10 @@ def test_callback_errors_are_counted_not_raised():
         raise RuntimeError("no such exec")
 
     h = fake.instantiate(decode_like(1))
-    fake.get_graph_exec_id = boom
+    fake.graph_exec_id = boom
     src.registry.graph_exec_id = boom
     fake.instantiate(decode_like(1))  # graph id lookup fails inside the callback: tolerated
-    src._handlers[int(DriverApiTraceCbid.cuGraphUpload)] = ("cuGraphUpload", lambda n, d: 1 / 0)
+    src.registry.on_upload = lambda *a: 1 / 0
     fake.upload(h, MAIN)  # must not raise into the "host"
     src.stop()
     assert src.health().errors.get("callback", 0) >= 1
@@ -263,34 +260,11 @@ def test_unavailable_cupti_is_an_error_state_not_a_crash():
         def __getattr__(self, k):
             raise ImportError("libcupti.so not found")
 
-    src = CuptiSource(cupti=Broken(), registry=GraphRegistry(), blocked_retry_s=0.05)
+    src = CuptiSource(cupti=Broken(), settings=CuptiSettings(blocked_retry_s=0.05), registry=GraphRegistry())
     src.start(lambda w: None)
     assert wait_for(lambda: src.health().state == "error")
     src.stop()
     assert src.health().state == "stopped"
-
-
-def test_slowdown_ratio_weights_and_minimum():
-    per = {1: {"ref": [1.0, 1.0, 1.0], "win": [1.2, 1.2, 1.2]}, 2: {"ref": [2.0] * 3, "win": [2.2] * 9}}
-    assert slowdown_ratio(per) == pytest.approx((1.2 * 3 + 1.1 * 9) / 12)
-    assert slowdown_ratio({1: {"ref": [1.0], "win": [1.0] * 5}}) is None
-
-
-def test_complete_replays_trims_window_edges():
-    from graphmon.sources.cupti.collector import complete_replays
-
-    # graph 5: launch 10 before the window (2 of its kernels traced), 11 complete (3), 12 cut (1);
-    # non-graph kernels (graph_id 0) are always kept
-    gid = np.array([5, 5, 5, 5, 5, 5, 0, 0])
-    corr = np.array([10, 10, 11, 11, 11, 12, 99, 98])
-    keep, inv = complete_replays(gid, corr, np.array([11, 12]))
-    assert keep.tolist() == [False, False, True, True, True, False, True, True]
-    assert inv == {"launched_outside_window": 2, "partial_replay": 1}
-    # zero-timestamp kernels (launched, not run before tracing stopped) make a replay partial
-    gid, corr = np.full(6, 5), np.array([10, 10, 10, 11, 11, 11])
-    keep, inv = complete_replays(gid, corr, np.array([10, 11]), valid=np.array([1, 1, 1, 1, 0, 1], bool))
-    assert keep.tolist() == [True, True, True, False, True, False]  # the invalid one: Trace.build's
-    assert inv == {"partial_replay": 2}
 
 
 def test_window_edge_replays_are_excluded_and_counted():
@@ -368,8 +342,9 @@ def test_drain_waits_for_the_windows_last_launch_bounded(pending, max_drain_ms, 
     fake = FakeCupti()
     ev = QueuedEvents(fake, pending)
     windows = []
-    src = CuptiSource(cupti=fake, events=ev, registry=GraphRegistry(), window_launches=3, window_duration_ms=200,
-                      interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0, max_drain_ms=max_drain_ms)
+    opts = CuptiSettings(window_launches=3, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+                         drain_ms=0, max_drain_ms=max_drain_ms)
+    src = CuptiSource(cupti=fake, settings=opts, events=ev, registry=GraphRegistry())
     h = fake.instantiate(decode_like(1))
     src.start(windows.append)
     t0 = time.monotonic()
@@ -385,59 +360,6 @@ def test_drain_waits_for_the_windows_last_launch_bounded(pending, max_drain_ms, 
     assert len(windows[0].trace) > 0
 
 
-def test_complete_replays_uses_the_usual_count_and_ignores_correlation_zero():
-    from graphmon.sources.cupti.collector import complete_replays
-
-    # graph 5: four real replays of 3 kernels (corr 1-4) and one correlation carrying 9 kernels
-    # (several launches' kernels under one id, as seen on the H200 with a deep queue): the real
-    # replays are kept, the overfull one is excluded and counted.
-    corr = np.array([1] * 3 + [2] * 3 + [3] * 3 + [4] * 3 + [9] * 9 + [0] * 2)
-    gid = np.full(len(corr), 5)
-    keep, inv = complete_replays(gid, corr, np.array([0, 1, 2, 3, 4, 9]))
-    assert keep.tolist() == [True] * 12 + [False] * 11
-    assert inv == {"overfull_replay": 9, "no_correlation": 2}
-    # a tie between a complete and a cut replay keeps the complete one
-    corr = np.array([1, 1, 1, 2, 2])
-    keep, inv = complete_replays(np.full(5, 5), corr, np.array([1, 2]))
-    assert keep.tolist() == [True, True, True, False, False] and inv == {"partial_replay": 2}
-
-
-class _StubLibcuda:
-    """Just the driver calls CudaEvents makes; tracks the context stack depth."""
-
-    def __init__(self, query_rc=0, sync_rc=0):
-        self.depth, self.query_rc, self.sync_rc = 0, query_rc, sync_rc
-
-    def cuCtxPushCurrent_v2(self, ctx):
-        self.depth += 1
-        return 0
-
-    def cuCtxPopCurrent_v2(self, out):
-        self.depth -= 1
-        return 0
-
-    def cuEventQuery(self, ev):
-        return self.query_rc
-
-    def cuEventSynchronize(self, ev):
-        return self.sync_rc
-
-    def cuEventElapsedTime_v2(self, out, e0, e1):
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_float))[0] = 1.5
-        return 0
-
-
-@pytest.mark.parametrize("rc,want", [(0, True), (600, False), (1, None)])
-def test_cuda_events_query_and_context_balance(rc, want):
-    from graphmon.sources.cupti.collector import CudaEvents
-
-    lib = _StubLibcuda(query_rc=rc)
-    assert CudaEvents(lib).query(1, 2) is want and lib.depth == 0
-    lib = _StubLibcuda(sync_rc=rc)
-    assert CudaEvents(lib).elapsed_ms(1, 2, 3) == (1.5 if rc == 0 else None) and lib.depth == 0
-
-
-# ---------------------------------------------------------------------- window edges
 def test_a_window_takes_exactly_its_launches():
     # the collector polls; the launch callback itself closes a full window to more launches
     fake, src, windows = make(window_launches=5, poll_s=0.05)
@@ -470,35 +392,7 @@ def test_disable_first_stops_tracing_launches_made_while_draining():
 
 def test_close_mode_is_checked():
     with pytest.raises(ValueError, match="close"):
-        CuptiSource(cupti=FakeCupti(), close="later")
-
-
-# ---------------------------------------------------------------------- which libcupti
-def test_library_info_names_the_loaded_libcupti_and_its_wheel(tmp_path):
-    from graphmon.sources.cupti.collector import library_info
-
-    site = tmp_path / "site-packages"
-    lib = site / "nvidia" / "cu13" / "lib"
-    lib.mkdir(parents=True)
-    (lib / "libcupti.so.13").write_bytes(b"")
-    di = site / "nvidia_cuda_cupti-13.4.92.dist-info"
-    di.mkdir()
-    (di / "RECORD").write_text("nvidia/cu13/lib/libcupti.so.13,sha256=x,1\n")
-    other = site / "nvidia_cuda_cupti-13.0.85.dist-info"  # a stale dist-info that does not list it
-    other.mkdir()
-    (other / "RECORD").write_text("nvidia/cu13/lib/libnvperf_host.so,sha256=x,1\n")
-    maps = tmp_path / "maps"
-    maps.write_text(
-        f"7f00-7f10 r-xp 00000000 08:01 123 {lib / 'libcupti.so.13'}\n"
-        f"7f10-7f20 r--p 00010000 08:01 123 {lib / 'libcupti.so.13'}\n"
-        "7f20-7f30 r-xp 00000000 08:01 456 /usr/lib/libc.so.6\n")
-    info = library_info(str(maps))
-    assert info["cupti_lib"] == str(lib / "libcupti.so.13")
-    assert info["cupti_lib_version"] == "13.4.92"
-    assert "cupti_libs_loaded" not in info and "cupti_api_version" not in info  # an empty file: no call
-    maps.write_text(maps.read_text() + "7f40-7f50 r-xp 00000000 08:01 789 /opt/other/libcupti.so.13\n")
-    assert library_info(str(maps))["cupti_libs_loaded"] == "2"  # two copies: said, not hidden
-    assert library_info(str(tmp_path / "missing")) == {}
+        CuptiSettings(close="later")
 
 
 def test_drain_waits_for_a_launch_call_that_blocks():
@@ -527,32 +421,6 @@ def test_drain_waits_for_a_launch_call_that_blocks():
         assert len(w.trace) == 6 and "partial_replay" not in w.trace.invalid  # the whole replay
 
 
-def test_complete_replays_on_real_h200_windows():
-    """Raw records of six CuptiSource windows on the H200 (bench/cupti_sessions.py: a 16-layer
-    decode graph uploaded + lazy, 320 kernels a replay; the host in step with the GPU or ~100 ms
-    ahead of it). Every window launch comes back whole under its own correlation id; the
-    launches made while the window drained (some with zero timestamps: flushed before they ran)
-    are excluded and counted, never merged into a window replay."""
-    from graphmon.sources.cupti.collector import complete_replays
-
-    z = np.load(os.path.join(str(DATA), "h200-cupti-windows.npz"))
-    for w in range(6):
-        g = {k: z[f"w{w}_{k}"] for k in ("start_ns", "end_ns", "graph_id", "graph_node_id", "correlation_id",
-                                           "launch_correlation_id")}
-        valid = (g["start_ns"] > 0) & (g["end_ns"] >= g["start_ns"])
-        keep, inv = complete_replays(g["graph_id"], g["correlation_id"], g["launch_correlation_id"], valid=valid)
-        assert set(inv) <= {"launched_outside_window"}, inv
-        assert not (keep & ~valid).any()  # every zero-timestamp record was a drain-phase launch
-        kept = g["correlation_id"][keep]
-        u, cnt = np.unique(kept, return_counts=True)
-        assert set(u.tolist()) == set(g["launch_correlation_id"].tolist())  # each window launch, whole
-        assert set(cnt.tolist()) == {320}
-        # one replay holds each graph node once: no launches merged under one correlation id
-        key = np.stack([kept, g["graph_id"][keep], g["graph_node_id"][keep]], 1)
-        assert len(np.unique(key, axis=0)) == len(key)
-        assert inv.get("launched_outside_window", 0) == int((~np.isin(g["correlation_id"], u)).sum())
-
-
 def test_keep_raw_keeps_the_unfiltered_window():
     # diagnostics (bench/cupti_sessions.py): the records before window-edge filtering
     fake, src, windows = make(observer="off", keep_raw=True)
@@ -569,3 +437,82 @@ def test_keep_raw_keeps_the_unfiltered_window():
     assert 424242 in raw["correlation_id"].tolist() and 424242 not in t.correlation_id.tolist()
     assert len(raw["start_ns"]) == len(t) + t.invalid_total
     assert set(raw["launch_correlation_id"].tolist()) == set(t.launches["correlation_id"].tolist())
+
+
+def test_flush_is_not_forced_and_retries_until_the_windows_launches_are_in():
+    # a non-forced flush holds back a buffer with an incomplete record: the collector flushes
+    # again (not forced) until every window launch has records, and forces only at max_drain_ms
+    fake, src, windows = make(observer="off", window_launches=3)
+    real_flush, held = fake.flush, [2]
+
+    def withholding_flush(forced=False):
+        if not forced and held[0] > 0:
+            held[0] -= 1
+            fake.flushes.append(False)
+            return  # a queued kernel still running: CUPTI keeps the buffer
+        return real_flush(forced)
+
+    fake.flush = withholding_flush
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    assert fake.flushes[:3] == [False, False, False] and True not in fake.flushes
+    assert windows[0].trace.n_launches == 3 and len(windows[0].trace) == 3 * 3
+    assert "flush_forced" not in src.health().errors
+
+
+def test_flush_forced_only_after_max_drain(monkeypatch):
+    fake, src, windows = make(observer="off", window_launches=2, max_drain_ms=30)
+    real_flush = fake.flush
+    fake.flush = lambda forced=False: real_flush(forced) if forced else fake.flushes.append(False)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    assert True in fake.flushes and src.health().errors["flush_forced"] >= 1
+    assert len(windows[0].trace) == 2 * 3  # the forced flush brought the records back
+
+
+def test_the_fake_drives_kernel10_buffers_through_the_collector():
+    fake, src, windows = make(FakeCupti(record_bytes=KERNEL10_BYTES, buffer_bytes=4096))
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    t = windows[1].trace
+    assert per_stream_gaps(t) == {MAIN: {400, 416}, SIDE: {600}}
+    assert src.stats["record_bytes"] == KERNEL10_BYTES
+    assert src.stats["decode_fallback_buffers"] == 1  # the first buffer, which measured the size
+    assert sorted(set(t.names)) == sorted({k.name for k in decode_like(4, MAIN, SIDE)})
+
+
+def test_launch_callbacks_keep_nothing_per_launch():
+    # issue 13: the launch callback writes preallocated slots; the old one appended a tuple per
+    # launch (and added to a set). Net memory graphmon's CUPTI code keeps after 2,000 in-window
+    # launches must not grow with the launches.
+    import tracemalloc
+
+    fake, src, windows = make(observer="off", window_launches=100_000, window_duration_ms=60_000, interval_s=60.0)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.in_window)
+    for _ in range(50):
+        fake.launch(h, MAIN)  # warm: stream ids, registry entry
+    # the callbacks' code; records.py (decoding buffers, on the collector thread) is left out
+    only_ours = [tracemalloc.Filter(True, "*graphmon/sources/cupti/*"), tracemalloc.Filter(False, "*/records.py")]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot().filter_traces(only_ours)
+        for _ in range(2000):
+            fake.launch(h, MAIN)
+        after = tracemalloc.take_snapshot().filter_traces(only_ours)
+    finally:
+        tracemalloc.stop()
+        src.stop()
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
+    assert grown < 2000 * 8, grown  # under one pointer per launch: slots are reused, not appended
+    assert windows and windows[0].trace.n_launches == 2050

@@ -1,0 +1,164 @@
+"""CPU benchmark of the CUPTI record path (issue 13): synthetic CUpti_ActivityKernel13 buffers ->
+numpy columns, the way the collector decodes them (one buffer per GIL hold), no GPU needed.
+
+Measures records/s for 20k-record windows and for 2M records, and the longest stall of a Python
+thread that only ticks (the GIL hold the serving loop would feel) while windows are decoded.
+Writes bench/results/decode-buffers.json. Targets: >= 10M records/s, < 1 ms GIL hold per
+20k-record window.
+
+    python bench/decode_buffers.py [--out bench/results] [--windows 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+
+import numpy as np
+
+from graphmon.settings import CuptiSettings
+from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore
+
+RECORD_BYTES = 248  # CUpti_ActivityKernel13 (CUPTI 13.4)
+
+
+def synth_buffers(n_records: int, buffer_bytes: int, seed: int = 0) -> list[np.ndarray]:
+    """Kernel13 records at cupti_activity.h's offsets, cut into buffers of ``buffer_bytes``."""
+    rng = np.random.default_rng(seed)
+    raw = np.zeros((n_records, RECORD_BYTES), np.uint8)
+
+    def put(off, typ, vals):
+        raw[:, off:off + np.dtype(typ).itemsize] = np.asarray(vals).astype(typ).view(np.uint8).reshape(n_records, -1)
+
+    start = np.cumsum(rng.integers(500, 5000, n_records)) + 10**12
+    put(0, "<u4", np.full(n_records, 10))
+    put(16, "<u8", start)
+    put(24, "<u8", start + rng.integers(1000, 9000, n_records))
+    put(40, "<u4", np.zeros(n_records))
+    put(48, "<u4", rng.integers(7, 27, n_records))
+    put(92, "<u4", np.arange(n_records) // 320 + 1)
+    put(104, "<u8", 0x5000_0000 + 0x40 * rng.integers(0, 60, n_records))
+    put(144, "<u8", np.arange(n_records) % 320 + 1)
+    put(156, "<u4", np.full(n_records, 3))
+    per = buffer_bytes // RECORD_BYTES
+    flat = raw.reshape(-1)
+    return [flat[i * RECORD_BYTES:(i + per) * RECORD_BYTES] for i in range(0, n_records, per)]
+
+
+def walk(data: np.ndarray) -> np.ndarray:
+    return np.arange(0, len(data) - RECORD_BYTES + 1, RECORD_BYTES, dtype=np.int64)
+
+
+class Ticker(threading.Thread):
+    """A thread that only ticks: its longest gap between ticks is the longest GIL hold it saw."""
+
+    def __init__(self, period_s: float = 0.0001) -> None:
+        super().__init__(daemon=True)
+        self.period_s, self.stop, self.max_gap_s, self.gaps = period_s, threading.Event(), 0.0, []
+
+    def reset(self) -> None:
+        self.max_gap_s = 0.0
+
+    def run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop.is_set():
+            time.sleep(self.period_s)
+            now = time.perf_counter()
+            self.max_gap_s = max(self.max_gap_s, now - last - self.period_s)
+            last = now
+
+
+def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray], max_records: int,
+                  holds: list[float]) -> int:
+    """What the collector does per window: decode + name ids, one buffer per GIL hold. Appends
+    the length of each hold (the work between two yields) to ``holds``."""
+    store = RecordStore(max_records)
+    names.new_window()
+    ids = []
+    for b in buffers:
+        t0 = time.perf_counter()
+        cols = dec.decode(b)
+        store.add(cols)
+        ids.append(names.ids(cols.name_ptr))
+        holds.append(time.perf_counter() - t0)
+        time.sleep(0)  # the collector yields between buffers
+    marks = [time.perf_counter()]
+
+    def pause():  # the collector yields between columns of the window's concatenation
+        holds.append(time.perf_counter() - marks[-1])
+        time.sleep(0)
+        marks.append(time.perf_counter())
+
+    cols = store.take(pause)
+    np.concatenate(ids)
+    holds.append(time.perf_counter() - marks[-1])
+    return len(cols)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--windows", type=int, default=50, help="20k-record windows to decode")
+    a = ap.parse_args()
+    s = CuptiSettings()
+    dec = BufferDecoder(walk=walk)
+    names = NameTable(lambda p: f"kernel_{p:x}")
+    decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), s.max_window_records, [])  # measure + warm
+
+    res: dict = {"record_bytes": RECORD_BYTES, "buffer_size_bytes": s.buffer_size_bytes,
+                 "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES, "loadavg_before": os.getloadavg()}
+    win = synth_buffers(20_000, s.buffer_size_bytes, seed=1)
+    ticker = Ticker()
+    ticker.start()
+    time.sleep(0.05)
+    hold_max, tick_max, busy = [], [], []
+    for _ in range(a.windows):
+        ticker.reset()
+        holds: list[float] = []
+        n = decode_window(dec, names, win, s.max_window_records, holds)
+        time.sleep(0.003)  # let the ticker see the end of the window
+        hold_max.append(max(holds))
+        busy.append(sum(holds))
+        tick_max.append(ticker.max_gap_s)
+    res["window_20k"] = {
+        "windows": a.windows, "records": n, "buffers": len(win),
+        # records over the time spent decoding (the yields between buffers excluded)
+        "records_per_s_median": n / float(np.median(busy)),
+        "decode_ms_per_window_median": float(np.median(busy)) * 1e3,
+        # the longest stretch of work between two yields: the GIL hold the host can feel
+        "gil_hold_max_ms": float(np.max(hold_max)) * 1e3, "gil_hold_p50_ms": float(np.median(hold_max)) * 1e3,
+        # a thread that only ticks: includes the OS scheduling it late on a loaded machine
+        "ticker_stall_max_ms": float(np.max(tick_max)) * 1e3, "ticker_stall_p50_ms": float(np.median(tick_max)) * 1e3,
+    }
+    big = synth_buffers(2_000_000, s.buffer_size_bytes, seed=2)
+    ticker.reset()
+    holds = []
+    t0 = time.perf_counter()
+    n = decode_window(dec, names, big, 2_000_000, holds)
+    wall = time.perf_counter() - t0
+    time.sleep(0.003)
+    res["records_2m"] = {"records": n, "buffers": len(big), "decode_seconds": sum(holds), "wall_seconds": wall,
+                         "records_per_s": n / sum(holds), "gil_hold_max_ms": max(holds) * 1e3,
+                         "gil_hold_p99_ms": float(np.percentile(holds, 99)) * 1e3,
+                         "ticker_stall_max_ms": ticker.max_gap_s * 1e3}
+    ticker.stop.set()
+    res["loadavg_after"] = os.getloadavg()
+    res["decode_fallback_buffers"] = dec.stats.fallback_buffers
+    res["targets"] = {"records_per_s": 10e6, "gil_hold_ms_per_20k_window": 1.0}
+    res["met"] = {"records_per_s": min(res["window_20k"]["records_per_s_median"], res["records_2m"]["records_per_s"]) >= 10e6,
+                  "gil_hold_p50_window": res["window_20k"]["gil_hold_p50_ms"] < 1.0,
+                  "gil_hold_max_window": res["window_20k"]["gil_hold_max_ms"] < 1.0}
+    res["versions"] = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
+                       "cpus": os.cpu_count()}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "decode-buffers.json"), "w") as fh:
+        json.dump(res, fh, indent=2)
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""How graphmon feels to a serving loop (issue 13): per-step host timestamps with graphmon on/off.
+
+Run on a CUDA machine with torch, transformers and cupti-python (graphmon importable):
+
+    python bench/host_impact.py --out DIR            # < 4 min on an H200
+    python bench/host_impact.py --out DIR --quick    # < 90 s
+
+Workloads, each in >= 3 interleaved off/on rounds in ONE process (graphmon attached in code at
+its default sampling during "on", detached during "off"):
+  - hf_static_bs1 / hf_static_bs4: Hugging Face transformers decode of a random-weight Llama
+    config, ``generate(..., cache_implementation="static")`` with the forward compiled
+    (torch.compile reduce-overhead: CUDA graphs), one host timestamp per generated token;
+  - decode_server: examples/decode_server.py's decode graph, replay + synchronize per step.
+Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst),
+p999_step_ratio, median_overhead_pct with its 95% interval (ci95_low_pct/ci95_high_pct, t over
+rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
+window), ingest records/s, observer slowdown per window. Writes DIR/host-impact.json after each
+section: one failing section never loses the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+R: dict = {"workloads": {}, "errors": {}, "versions": {}}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def save(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "host-impact.json"), "w") as fh:
+        json.dump(R, fh, indent=1, default=str)
+
+
+class Ticker(threading.Thread):
+    """Only ticks; remembers (wall time, stall) of every stall over 0.2 ms (a GIL hold elsewhere)."""
+
+    def __init__(self, period_s: float = 0.0002) -> None:
+        super().__init__(name="host-impact-ticker", daemon=True)
+        self.period_s, self.stop, self.stalls = period_s, threading.Event(), []
+
+    def run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop.is_set():
+            time.sleep(self.period_s)
+            now = time.perf_counter()
+            gap = now - last - self.period_s
+            if gap > 2e-4:
+                self.stalls.append((time.time(), gap))
+            last = now
+
+    def max_between(self, t0: float, t1: float) -> float:
+        return max((g for t, g in self.stalls if t0 <= t <= t1), default=0.0)
+
+
+# ---------------------------------------------------------------------- workloads: step(bs) -> step times (s)
+def hf_workload(bs: int, new_tokens: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    gc = model.generation_config
+    gc.pad_token_id = gc.eos_token_id = None
+    compiled = True
+    try:
+        if hasattr(gc, "disable_compile"):
+            gc.disable_compile = True  # one compile, the explicit one below
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    except Exception as e:
+        compiled = repr(e)
+
+    class Stamps(StoppingCriteria):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def __call__(self, input_ids, scores, **kw):
+            self.t.append(time.perf_counter())  # once per generated token, on the host
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    ids = torch.randint(0, cfg.vocab_size, (bs, 16), device="cuda")
+
+    def run_once() -> np.ndarray:
+        st = Stamps()
+        with torch.inference_mode():
+            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           cache_implementation="static", stopping_criteria=StoppingCriteriaList([st]))
+        return np.diff(np.asarray(st.t))  # decode steps (the prefill is before the first stamp)
+
+    return run_once, {"compiled": compiled, "config": {"layers": 8, "hidden": 1024, "batch": bs}}
+
+
+def decode_server_workload(layers: int, steps_per_call: int):
+    import torch
+
+    import decode_server as ds
+
+    model = ds.DecodeModel(layers=layers)
+    (g,) = ds.build(model, [1], ["uploaded"])
+
+    def run_once() -> np.ndarray:
+        t = np.empty(steps_per_call + 1)
+        t[0] = time.perf_counter()
+        for i in range(steps_per_call):
+            g.replay()
+            torch.cuda.synchronize()
+            t[i + 1] = time.perf_counter()
+        return np.diff(t)
+
+    return run_once, {"config": {"layers": layers, "batch": 1, "sync": "every step"}}
+
+
+# ---------------------------------------------------------------------- measurement
+def phase(run_once, seconds: float) -> np.ndarray:
+    steps, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        steps.append(run_once())
+    return np.concatenate(steps) if steps else np.zeros(0)
+
+
+def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) -> dict:
+    import graphmon
+    from graphmon.host.attach import attached
+
+    for _ in range(3):
+        run_once()  # warm: compile, capture, caches
+    per_round, on_all, off_all, windows = [], [], [], []
+    for r in range(rounds):
+        t_off0 = time.time()
+        off = phase(run_once, seconds)
+        t_off1 = time.time()
+        ex = graphmon.attach(port=0)  # default sampling, in code, with its HTTP thread
+        src = attached().source if attached() is not None else None
+        got: list = []
+        if src is not None:
+            src.taps.append(got.append)
+        on = phase(run_once, seconds)
+        stats = dict(src.stats) if src is not None else {}
+        health = src.health() if src is not None else None
+        graphmon.detach()
+        for w in got:
+            windows.append({"round": r, "records": len(w.trace), "dropped": w.dropped,
+                            "observer_slowdown": w.observer_slowdown, "seconds": w.ended_s - w.started_s,
+                            "gil_hold_max_ms": ticker.max_between(w.started_s, w.ended_s + 0.5) * 1e3})
+        per_round.append({
+            "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None,
+            "max_off_ms": float(off.max() * 1e3), "max_on_ms": float(on.max() * 1e3),
+            "median_off_ms": float(np.median(off) * 1e3), "median_on_ms": float(np.median(on) * 1e3),
+            "p999_off_ms": float(np.percentile(off, 99.9) * 1e3), "p999_on_ms": float(np.percentile(on, 99.9) * 1e3),
+            "median_overhead_pct": float((np.median(on) / np.median(off) - 1) * 100),
+            "ticker_stall_max_off_ms": ticker.max_between(t_off0, t_off1) * 1e3,
+            "windows": len(got), "state": health.state if health else None,
+            "errors": dict(health.errors) if health else {}, "stats": stats,
+        })
+        on_all.append(on)
+        off_all.append(off)
+    on_c, off_c = np.concatenate(on_all), np.concatenate(off_all)
+    ov = np.array([p["median_overhead_pct"] for p in per_round])
+    half = T95.get(len(ov) - 1, 1.96) * ov.std(ddof=1) / np.sqrt(len(ov)) if len(ov) > 1 else float("nan")
+    rates = [p["stats"].get("ingest_records_per_s", 0.0) for p in per_round if p["stats"]]
+    return {
+        "rounds": per_round, "windows": windows, "seconds_per_phase": seconds,
+        "max_step_increase_ms": max(p["max_on_ms"] - p["max_off_ms"] for p in per_round),
+        "p999_step_ratio": float(np.percentile(on_c, 99.9) / np.percentile(off_c, 99.9)),
+        "median_overhead_pct": float(ov.mean()), "ci95_low_pct": float(ov.mean() - half),
+        "ci95_high_pct": float(ov.mean() + half),
+        "gil_hold_max_ms_per_window": max((w["gil_hold_max_ms"] for w in windows), default=None),
+        "ingest_records_per_s": max(rates, default=None),
+        "observer_slowdown": [w["observer_slowdown"] for w in windows],
+        "median_step_off_ms": float(np.median(off_c) * 1e3),
+    }
+
+
+def versions() -> dict:
+    v = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("torch", "transformers", "graphmon"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except Exception as e:
+            v[mod] = f"unavailable: {e!r}"
+    try:
+        from importlib.metadata import version
+
+        v["cupti_python"] = version("cupti-python")
+    except Exception:
+        v["cupti_python"] = ""
+    try:
+        import torch
+
+        v["cuda_runtime"] = torch.version.cuda
+        v["gpu"] = torch.cuda.get_device_name()
+        from graphmon.sources.cupti.libinfo import library_info
+
+        v.update(library_info())  # the libcupti this process loaded
+    except Exception as e:
+        v["gpu"] = f"unavailable: {e!r}"
+    return v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--quick", action="store_true", help="shorter phases (< 90 s in all)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, help="seconds per phase (default 8, quick 3)")
+    ap.add_argument("--only", default="", help="comma list of workloads to run")
+    a = ap.parse_args()
+    seconds = a.seconds or (3.0 if a.quick else 8.0)
+    R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds}
+    R["versions"] = versions()
+    save(a.out)
+    ticker = Ticker()
+    ticker.start()
+    t_start = time.monotonic()
+    makers = {
+        "hf_static_bs1": lambda: hf_workload(1, 64 if a.quick else 128),
+        "hf_static_bs4": lambda: hf_workload(4, 64 if a.quick else 128),
+        "decode_server": lambda: decode_server_workload(16 if a.quick else 48, 200),
+    }
+    only = {x for x in a.only.split(",") if x}
+    for name, make in makers.items():
+        if only and name not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            run_once, meta = make()
+            res = measure(name, run_once, max(3, a.rounds), seconds, ticker)
+            res.update(meta)
+            R["workloads"][name] = res
+        except Exception as e:
+            R["errors"][name] = {"error": repr(e), "traceback": traceback.format_exc()[-4000:]}
+            try:
+                import graphmon
+
+                graphmon.detach()
+            except Exception:
+                pass
+        R.setdefault("section_seconds", {})[name] = time.monotonic() - t0
+        save(a.out)
+        print(f"host_impact: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    ticker.stop.set()
+    w = R["workloads"]
+    R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "p999_step_ratio", "median_overhead_pct",
+                                              "ci95_high_pct", "gil_hold_max_ms_per_window", "ingest_records_per_s")}
+                    for k, v in w.items()}
+    R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,
+                    "ci95_high_pct": 0.5, "gil_hold_max_ms_per_window": 1.0, "ingest_records_per_s": 10e6}
+    R["total_seconds"] = time.monotonic() - t_start
+    save(a.out)
+    print(json.dumps(R["summary"], indent=1, default=str))
+    return 0 if not R["errors"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""CUPTI activity buffers -> numpy columns, with no Python object per record.
+
+A buffer holds CUpti_ActivityKernel records back to back (8-byte aligned). Their size depends
+on libcupti (CUpti_ActivityKernel10: 216 bytes in CUPTI 13.0, CUpti_ActivityKernel13: 248 bytes
+in 13.4), but the fields graphmon reads sit at the same offsets in every version since
+Kernel5 (cupti_activity.h). So the decoder views a buffer as a structured array whose itemsize
+is the record size *measured at runtime* (the distance between the first records libcupti's
+own walker returns), checks every record's kind, and copies the columns out. Anything
+unexpected (another kind, a size that does not divide the buffer) takes the fallback path: walk
+the records one by one with libcupti's walker and gather the kernel ones (counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+KIND_KERNEL = 3
+KIND_CONCURRENT_KERNEL = 10
+KERNEL_KINDS = (KIND_KERNEL, KIND_CONCURRENT_KERNEL)
+
+# (field, type, byte offset) in CUpti_ActivityKernel5..13: the same offsets in every version.
+KERNEL_FIELDS = (
+    ("kind", "<u4", 0),
+    ("start", "<u8", 16),
+    ("end", "<u8", 24),
+    ("device_id", "<u4", 40),
+    ("stream_id", "<u4", 48),
+    ("correlation_id", "<u4", 92),
+    ("name_ptr", "<u8", 104),
+    ("graph_node_id", "<u8", 144),
+    ("graph_id", "<u4", 156),
+)
+MIN_KERNEL_RECORD_BYTES = 160  # the fields above end at 160 (CUpti_ActivityKernel5's size)
+KNOWN_RECORD_BYTES = {216: "CUpti_ActivityKernel10 (CUPTI 13.0)", 248: "CUpti_ActivityKernel13 (CUPTI 13.4)"}
+
+COLUMNS = ("start_ns", "end_ns", "stream", "device", "graph_id", "graph_node_id", "correlation_id", "name_ptr")
+_DTYPES = (np.int64, np.int64, np.int64, np.int32, np.int64, np.int64, np.int64, np.uint64)
+_SOURCE = ("start", "end", "stream_id", "device_id", "graph_id", "graph_node_id", "correlation_id", "name_ptr")
+
+
+def kernel_dtype(record_bytes: int) -> np.dtype:
+    """The fields graphmon reads, as a structured dtype of one record of ``record_bytes``."""
+    names, formats, offsets = zip(*KERNEL_FIELDS)
+    return np.dtype({"names": list(names), "formats": list(formats), "offsets": list(offsets),
+                     "itemsize": int(record_bytes)})
+
+
+@dataclass(frozen=True)
+class KernelColumns:
+    """Kernel records as columns (one array per field, same length)."""
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    graph_id: np.ndarray
+    graph_node_id: np.ndarray
+    correlation_id: np.ndarray
+    name_ptr: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    @classmethod
+    def from_records(cls, rec: np.ndarray) -> "KernelColumns":
+        return cls(*(rec[s].astype(t) for s, t in zip(_SOURCE, _DTYPES)))
+
+    @classmethod
+    def empty(cls) -> "KernelColumns":
+        return cls(*(np.zeros(0, t) for t in _DTYPES))
+
+    @classmethod
+    def concat(cls, parts: list["KernelColumns"], pause: Optional[Callable[[], None]] = None) -> "KernelColumns":
+        """One array per column; ``pause`` runs between columns (the collector yields the GIL there:
+        a 2M-record window is 8 short holds, not one long one)."""
+        if not parts:
+            return cls.empty()
+        out = []
+        for c in COLUMNS:
+            out.append(np.concatenate([getattr(p, c) for p in parts]))
+            if pause is not None:
+                pause()
+        return cls(*out)
+
+    def head(self, n: int) -> "KernelColumns":
+        return KernelColumns(*(getattr(self, c)[:n] for c in COLUMNS))
+
+    def take(self, mask: np.ndarray) -> "KernelColumns":
+        return KernelColumns(*(getattr(self, c)[mask] for c in COLUMNS))
+
+
+@dataclass
+class DecodeStats:
+    buffers: int = 0
+    records: int = 0
+    fallback_buffers: int = 0  # buffers walked record by record
+    fallback_records: int = 0
+    other_kind_records: int = 0  # records of a kind graphmon did not ask for (skipped, counted)
+    record_bytes: int = 0  # measured stride of kernel records; 0 until measured
+
+
+@dataclass
+class BufferDecoder:
+    """Decodes one buffer per call. ``walk(data) -> offsets`` is libcupti's record walker."""
+
+    walk: Callable[[np.ndarray], np.ndarray]
+    record_bytes: int = 0  # 0: measure on the first buffer holding two kernel records
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    def decode(self, data: np.ndarray) -> KernelColumns:
+        st = self.stats
+        st.buffers += 1
+        n_bytes = len(data)
+        rb = self.record_bytes
+        if rb >= MIN_KERNEL_RECORD_BYTES and rb % 8 == 0 and n_bytes and n_bytes % rb == 0:
+            n = n_bytes // rb
+            if (np.frombuffer(data, "<u4", count=n * rb // 4)[:: rb // 4] == KIND_CONCURRENT_KERNEL).all():
+                st.records += n
+                # one pass copies the 160 bytes graphmon reads of each record (a buffer's worth stays
+                # in cache), then each field is gathered from that compact block
+                block = np.ascontiguousarray(np.frombuffer(data, np.uint8, count=n_bytes).reshape(n, rb)[:, :MIN_KERNEL_RECORD_BYTES])
+                return KernelColumns.from_records(block.view(kernel_dtype(MIN_KERNEL_RECORD_BYTES)).reshape(-1))
+        return self._walk(data) if n_bytes else KernelColumns.empty()
+
+    def _walk(self, data: np.ndarray) -> KernelColumns:
+        st = self.stats
+        offs = np.asarray(self.walk(data), np.int64)
+        if not len(offs):
+            return KernelColumns.empty()
+        offs = offs[(offs >= 0) & (offs + MIN_KERNEL_RECORD_BYTES <= len(data))]
+        kinds = data[offs[:, None] + np.arange(4)].copy().view("<u4").reshape(-1)
+        is_kernel = np.isin(kinds, KERNEL_KINDS)
+        stride = int(offs[1] - offs[0]) if len(offs) >= 2 else 0
+        if not self.record_bytes and is_kernel[:2].all() and stride >= MIN_KERNEL_RECORD_BYTES and stride % 8 == 0:
+            self.record_bytes = st.record_bytes = stride  # measured: libcupti's own stride
+        st.fallback_buffers += 1
+        st.fallback_records += len(offs)
+        st.other_kind_records += int((~is_kernel).sum())
+        k = offs[is_kernel]
+        st.records += len(k)
+        block = data[k[:, None] + np.arange(MIN_KERNEL_RECORD_BYTES)]  # (n, 160) copy: one row per record
+        return KernelColumns.from_records(block.view(kernel_dtype(MIN_KERNEL_RECORD_BYTES)).reshape(-1))
+
+
+@dataclass
+class RecordStore:
+    """The window's decoded columns, bounded by ``max_records`` (the rest counted as discarded).
+    Only the collector thread touches it: CUPTI's callbacks never wait on it."""
+
+    max_records: int
+    parts: list[KernelColumns] = field(default_factory=list)
+    n_records: int = 0
+    discarded: int = 0
+
+    def add(self, cols: KernelColumns) -> None:
+        room = self.max_records - self.n_records
+        if len(cols) > room:
+            self.discarded += len(cols) - max(room, 0)
+            cols = cols.head(max(room, 0))
+        if len(cols):
+            self.parts.append(cols)
+            self.n_records += len(cols)
+
+    def has_all(self, correlation_ids: np.ndarray) -> bool:
+        """Whether every one of ``correlation_ids`` has records here (a window's launches came back)."""
+        if not len(correlation_ids):
+            return True
+        return bool(self.parts) and bool(np.isin(correlation_ids, np.concatenate([p.correlation_id for p in self.parts])).all())
+
+    def take(self, pause: Optional[Callable[[], None]] = None) -> KernelColumns:
+        out = KernelColumns.concat(self.parts, pause)
+        self.parts, self.n_records = [], 0
+        return out
+
+
+class NameTable:
+    """Kernel name pointers -> name ids of the current window, vectorised.
+
+    CUPTI shares one name string among every record of a kernel, so a process has few distinct
+    pointers: they are kept sorted with a process-wide id each (each pointer read once), and a
+    buffer's pointers are mapped with one searchsorted (no per-record Python, no sort of the
+    buffer; a new pointer costs one read). Different pointers with the same text share an id."""
+
+    def __init__(self, read: Callable[[int], str]) -> None:
+        self._read = read
+        self._ptrs = np.zeros(0, np.uint64)  # sorted known pointers
+        self._gid = np.zeros(0, np.int64)  # process-wide name id of each
+        self._gnames: list[str] = []
+        self._gindex: dict[str, int] = {}
+        self.new_window()
+
+    def new_window(self) -> None:
+        self.names: list[str] = []  # the window's names, by window id
+        self._win_of = np.full(len(self._gnames), -1, np.int32)  # process-wide id -> window id
+
+    def _learn(self, new_ptrs: np.ndarray) -> None:
+        gids = []
+        for p in new_ptrs.tolist():
+            s = self._read(p)
+            g = self._gindex.get(s)
+            if g is None:
+                g = self._gindex[s] = len(self._gnames)
+                self._gnames.append(s)
+            gids.append(g)
+        ptrs = np.concatenate([self._ptrs, new_ptrs.astype(np.uint64)])
+        gid = np.concatenate([self._gid, np.asarray(gids, np.int64)])
+        order = np.argsort(ptrs, kind="stable")
+        self._ptrs, self._gid = ptrs[order], gid[order]
+        if len(self._win_of) < len(self._gnames):
+            self._win_of = np.concatenate([self._win_of, np.full(len(self._gnames) - len(self._win_of), -1, np.int32)])
+
+    def _lookup(self, name_ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not len(self._ptrs):
+            return np.zeros(len(name_ptr), np.intp), np.zeros(len(name_ptr), bool)
+        idx = np.minimum(np.searchsorted(self._ptrs, name_ptr), len(self._ptrs) - 1)
+        return idx, self._ptrs[idx] == name_ptr
+
+    def ids(self, name_ptr: np.ndarray) -> np.ndarray:
+        if not len(name_ptr):
+            return np.zeros(0, np.int32)
+        name_ptr = name_ptr.astype(np.uint64, copy=False)
+        idx, hit = self._lookup(name_ptr)
+        if not hit.all():
+            self._learn(np.unique(name_ptr[~hit]))
+            idx, hit = self._lookup(name_ptr)
+        g = self._gid[idx]
+        w = self._win_of[g]
+        if (w < 0).any():
+            for gi in np.unique(g[w < 0]).tolist():
+                self._win_of[gi] = len(self.names)
+                self.names.append(self._gnames[gi])
+            w = self._win_of[g]
+        return w

@@ -1,0 +1,122 @@
+"""Activity buffers -> columns (sources/cupti/records.py) on buffers laid out as libcupti writes them."""
+
+import numpy as np
+import pytest
+
+from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore
+
+from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, FakeCupti, pack_kernel
+
+
+def synth_buffer(n, record_bytes, seed=0):
+    """n CONCURRENT_KERNEL records of ``record_bytes`` built with numpy at cupti_activity.h's
+    offsets (kind@0 u32, start@16, end@24, completed@32 u64, deviceId@40, contextId@44,
+    streamId@48 u32, correlationId@92 u32, gridId@96 i64, name@104 ptr, graphNodeId@144 u64,
+    graphId@156 u32), plus the expected columns."""
+    rng = np.random.default_rng(seed)
+    raw = np.zeros((n, record_bytes), np.uint8)
+    want = {
+        "start_ns": rng.integers(1, 2**62, n), "stream": rng.integers(0, 2**32, n), "device": rng.integers(0, 8, n),
+        "correlation_id": rng.integers(0, 2**32, n), "graph_node_id": rng.integers(0, 2**63, n),
+        "graph_id": rng.integers(0, 2**32, n), "name_ptr": rng.integers(1, 2**47, n).astype(np.uint64),
+    }
+    want["end_ns"] = want["start_ns"] + rng.integers(0, 10**6, n)
+
+    def put(off, typ, vals):
+        raw[:, off:off + np.dtype(typ).itemsize] = np.asarray(vals).astype(typ).view(np.uint8).reshape(n, -1)
+
+    put(0, "<u4", np.full(n, 10))
+    put(16, "<u8", want["start_ns"])
+    put(24, "<u8", want["end_ns"])
+    put(32, "<u8", want["end_ns"])
+    put(40, "<u4", want["device"])
+    put(44, "<u4", np.ones(n))
+    put(48, "<u4", want["stream"])
+    put(92, "<u4", want["correlation_id"])
+    put(96, "<i8", rng.integers(0, 100, n))
+    put(104, "<u8", want["name_ptr"])
+    put(144, "<u8", want["graph_node_id"])
+    put(156, "<u4", want["graph_id"])
+    raw[:, 160:] = 0xAB  # fields graphmon does not read (clusters, channel, ...): must not matter
+    return raw.reshape(-1), want
+
+
+def walker(sizes):
+    def walk(data):
+        out, off = [], 0
+        while off + 4 <= len(data):
+            size = sizes.get(int(data[off:off + 4].view("<u4")[0]))
+            if not size:
+                break
+            out.append(off)
+            off += size
+        return np.asarray(out, np.int64)
+    return walk
+
+
+def check(cols, want, sel=slice(None)):
+    for k, v in want.items():
+        assert np.array_equal(getattr(cols, k), np.asarray(v)[sel].astype(getattr(cols, k).dtype)), k
+
+
+@pytest.mark.parametrize("record_bytes", [KERNEL13_BYTES, KERNEL10_BYTES])
+def test_real_layout_buffers_decode_to_the_expected_columns(record_bytes):
+    data, want = synth_buffer(500, record_bytes)
+    dec = BufferDecoder(walk=walker({10: record_bytes}))
+    first = dec.decode(data[: 2 * record_bytes])  # the first buffer measures the record size by walking it
+    check(first, want, slice(0, 2))
+    assert dec.record_bytes == record_bytes and dec.stats.fallback_buffers == 1
+    cols = dec.decode(data)  # then the structured view: no walk
+    check(cols, want)
+    assert dec.stats.fallback_buffers == 1 and dec.stats.records == 502
+
+
+def test_a_pack_kernel_record_and_the_synthesized_one_agree():
+    # two independent encodings of the header layout (struct in the fake, numpy here)
+    data, want = synth_buffer(1, KERNEL13_BYTES, seed=3)
+    buf = bytearray(KERNEL13_BYTES)
+    pack_kernel(buf, 0, start=int(want["start_ns"][0]), end=int(want["end_ns"][0]), device=int(want["device"][0]),
+                stream=int(want["stream"][0]), corr=int(want["correlation_id"][0]), name_ptr=int(want["name_ptr"][0]),
+                graph_node_id=int(want["graph_node_id"][0]), graph_id=int(want["graph_id"][0]))
+    dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
+    check(dec.decode(np.frombuffer(bytes(buf), np.uint8)), want)
+
+
+def test_unexpected_kinds_and_sizes_take_the_fallback_and_are_counted():
+    rb = KERNEL13_BYTES
+    data, want = synth_buffer(6, rb)
+    other = np.zeros(24, np.uint8)
+    other[:4] = np.array([99], "<u4").view(np.uint8)  # a record of another kind, of another size
+    mixed = np.concatenate([data[: 3 * rb], other, data[3 * rb:]])
+    dec = BufferDecoder(walk=walker({10: rb, 99: 24}), record_bytes=rb)
+    cols = dec.decode(mixed)
+    check(cols, want)
+    assert (dec.stats.fallback_buffers, dec.stats.fallback_records, dec.stats.other_kind_records) == (1, 7, 1)
+    # right size, wrong kind in the middle: the view notices (kind check), the walk skips it
+    data2, _ = synth_buffer(4, rb)
+    data2[2 * rb: 2 * rb + 4] = np.array([99], "<u4").view(np.uint8)
+    dec2 = BufferDecoder(walk=walker({10: rb, 99: rb}), record_bytes=rb)
+    assert len(dec2.decode(data2)) == 3 and dec2.stats.other_kind_records == 1
+    assert len(dec2.decode(np.zeros(0, np.uint8))) == 0
+
+
+def test_record_store_bounds_the_window_and_counts_the_rest():
+    data, _ = synth_buffer(10, KERNEL13_BYTES)
+    dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
+    st = RecordStore(max_records=15)
+    st.add(dec.decode(data))
+    st.add(dec.decode(data))
+    assert st.n_records == 15 and st.discarded == 5
+    assert len(st.take()) == 15 and st.n_records == 0
+
+
+def test_name_table_reads_each_pointer_once():
+    reads = []
+    table = NameTable(lambda p: reads.append(p) or f"k{p % 3}")
+    ids = table.ids(np.array([7, 8, 7, 9, 8], np.uint64))
+    assert [table.names[i] for i in ids] == ["k1", "k2", "k1", "k0", "k2"]
+    assert table.ids(np.array([9, 7, 10], np.uint64)).tolist() == [2, 0, 0]  # 10 -> "k1": the same name
+    table.new_window()
+    assert table.ids(np.array([8], np.uint64)).tolist() == [0] and table.names == ["k2"]
+    assert sorted(reads) == [7, 8, 9, 10]  # each pointer read once for the process
+
