@@ -296,7 +296,8 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
         flagged = enough & (shift >= min_shift_ns) & (shift >= min_rel * np.maximum(mb, 0)) & (qc25 > qb75)
         total = float(shift.sum())
         sign = -1.0 if total < 0 else 1.0
-        order = np.lexsort((np.arange(len(shift)), -sign * shift))[:top]
+        order = np.lexsort((np.arange(len(shift)), -sign * shift))
+        order = order[sign * shift[order] > 0][:top]  # only boundaries that moved the way the graph did
         share = float(shift[order].sum() / total) if total != 0 else float("nan")
         nflag = int(flagged.sum())
         nbnd = len(shift)
@@ -335,3 +336,43 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
 def _shown(shown: list[str], name_id) -> str:
     i = int(name_id)
     return shown[i] if 0 <= i < len(shown) else ""
+
+
+def widest(trace: Trace, top: int = 10, b: Boundaries | None = None) -> list[dict]:
+    """Per graph, the ``top`` boundaries with the widest median gap (``analyze --by boundary``)."""
+    b = boundary_gaps(trace) if b is None else b
+    if len(b) == 0:
+        return []
+    med, p90 = b.quantile(0.5), b.quantile(0.9)
+    shown = display_names(trace.names)
+    gnames = trace.graph_names()
+    out = []
+    pairs = np.unique(np.stack([b.device, b.graph], axis=1), axis=0)
+    for dev, g in pairs.tolist():
+        rows = np.flatnonzero((b.device == dev) & (b.graph == g))
+        gap_sum = float(np.nansum(med[rows]))
+        rows = rows[np.lexsort((rows, -med[rows]))][:top]
+        out.append({
+            "graph": gnames[g], "device": str(dev), "boundaries": int(((b.device == dev) & (b.graph == g)).sum()),
+            "gap_median_sum_ns": gap_sum,
+            "widest": [{
+                "stream": str(int(b.stream[r])), "position": int(b.position[r]),
+                "kernel_before": _shown(shown, b.name_prev[r]), "kernel_after": _shown(shown, b.name_next[r]),
+                "at_us": float(b.at_ns[r] / 1e3), "replays": int(b.counts[r]),
+                "gap_ns": {"p50": float(med[r]), "p90": float(p90[r])},
+                "share_of_gap_sum": float(med[r] / gap_sum) if gap_sum > 0 else None,
+            } for r in rows.tolist()],
+        })
+    return out
+
+
+def live_top_boundaries(baseline_trace: Trace, window_trace: Trace, k: int = 5, **thresholds) -> list[dict]:
+    """The top ``k`` boundaries of the last window against the pinned baseline window, JSON-ready.
+
+    For ``/status`` and ``/trace/{id}``: one dict per graph found in both windows (matched like
+    ``graphmon compare``), never metric labels (kernel names are unbounded). Empty when either window
+    has no graph kernels or no graph in common.
+    """
+    if not (baseline_trace.graph >= 0).any() or not (window_trace.graph >= 0).any():
+        return []
+    return attribute(baseline_trace, window_trace, top=k, **thresholds).to_json()
