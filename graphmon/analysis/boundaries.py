@@ -181,7 +181,8 @@ class GraphAttribution:
     top_share: float  # share of gap_change_ns the top boundaries explain (NaN when the change is 0)
     verdict: str  # none | uniform | concentrated | mixed
     top: list[BoundaryShift]
-    # Every matched boundary, for plots (not in the JSON): stream rank, at_us, shift_ns, flagged.
+    # For plots (not in the JSON): per matched boundary stream_rank, stream, at_us, shift_ns, flagged;
+    # "gaps": {stream rank: (baseline stream, current stream, baseline gaps, current gaps)}.
     all_shifts: dict = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -278,8 +279,10 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
         gname = bu.name if bu.name == cu.name else f"{bu.name} -> {cu.name}"
         sel_b = (bb.device == bu.device) & (bb.graph == bu.graph)
         sel_c = (bc.device == cu.device) & (bc.graph == cu.graph)
-        pb, pc, ranks, hows = [], [], [], set()
+        pb, pc, ranks, hows, gaps = [], [], [], set(), {}
         for s_b, s_c, rank in smatch:
+            gaps[rank] = (int(s_b), int(s_c), _stream_values(bb, sel_b & (bb.stream == s_b)),
+                          _stream_values(bc, sel_c & (bc.stream == s_c)))
             xb, xc, how = _match_rows(bb, np.flatnonzero(sel_b & (bb.stream == s_b)), bc,
                                       np.flatnonzero(sel_c & (bc.stream == s_c)), gname_b, gname_c)
             pb.append(xb)
@@ -328,9 +331,14 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
             idle_median_current_ns=float(np.median(rep_c.idle_ns[ic])) if ic.any() else float("nan"),
             top_share=share, verdict=verdict, top=tops,
             all_shifts={"stream_rank": rank_a, "at_us": bb.at_ns[pb_a] / 1e3, "shift_ns": shift, "flagged": flagged,
-                        "stream": bb.stream[pb_a]},
+                        "stream": bb.stream[pb_a], "gaps": gaps},
         ))
     return Attribution(graphs=out, min_shift_ns=min_shift_ns, min_rel=min_rel)
+
+
+def _stream_values(b: Boundaries, rows: np.ndarray) -> np.ndarray:
+    """Every gap of the boundaries selected by the boolean ``rows``."""
+    return b.values[np.repeat(rows, b.counts)]
 
 
 def _shown(shown: list[str], name_id) -> str:
