@@ -176,6 +176,7 @@ class GraphAttribution:
     flagged_streams: list[int]  # baseline stream ids with at least one flagged boundary
     streams: int
     gap_change_ns: float  # summed median shift of all matched boundaries (gap time per replay)
+    median_shift_ns: float  # the typical boundary's shift (about the injected step when uniform)
     idle_median_baseline_ns: float  # per replay: span - busy (context; overlap makes it differ from the gaps)
     idle_median_current_ns: float
     top_share: float  # share of gap_change_ns the top boundaries explain (NaN when the change is 0)
@@ -327,6 +328,7 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
             matched_by="+".join(sorted(hows)) or "-", flagged=nflag,
             flagged_streams=sorted({int(bb.stream[pb_a[j]]) for j in np.flatnonzero(flagged).tolist()}),
             streams=len(smatch), gap_change_ns=total,
+            median_shift_ns=float(np.median(shift)) if len(shift) else float("nan"),
             idle_median_baseline_ns=float(np.median(rep_b.idle_ns[ib])) if ib.any() else float("nan"),
             idle_median_current_ns=float(np.median(rep_c.idle_ns[ic])) if ic.any() else float("nan"),
             top_share=share, verdict=verdict, top=tops,

@@ -43,14 +43,18 @@ def format_attribution(attr: Attribution) -> str:
     lines = ["", f"boundaries (a boundary = two consecutive kernels of a replay on one stream; flagged: median "
                  f"+{attr.min_shift_ns:g} ns and +{attr.min_rel:.0%} and current p25 > baseline p75)"]
     for g in attr.graphs:
+        if g.verdict == "none":
+            lines.append(f"graph {g.graph} (device {g.device}): no widened boundary ({g.boundaries} matched)")
+            continue
         lines.append(
             f"graph {g.graph} (device {g.device}): {g.verdict.upper()}; {g.flagged}/{g.boundaries} boundaries "
-            f"widened on {len(g.flagged_streams)}/{g.streams} streams; summed median gap change "
+            f"widened on {len(g.flagged_streams)}/{g.streams} streams; median boundary shift "
+            f"{g.median_shift_ns:+.0f} ns; summed median gap change "
             f"{g.gap_change_ns / 1e3:+.2f} us/replay (idle median {_f(g.idle_median_baseline_ns / 1e3, '.2f')} -> "
             f"{_f(g.idle_median_current_ns / 1e3, '.2f')} us); top {len(g.top)} explain {_f(g.top_share * 100, '.1f')}%"
             + (f"; unmatched {g.unmatched_baseline}/{g.unmatched_current}" if g.unmatched_baseline or g.unmatched_current else "")
         )
-        if not g.top or g.verdict == "none":
+        if not g.top:
             continue
         lines.append(f"  {'stream':>10} {'pos':>4} {'at us':>8} {'base ns':>9} {'cur ns':>9} {'shift':>9}  flag  kernels")
         for b in g.top:
