@@ -14,16 +14,22 @@ matches them; boundaries then match by node ids when both sides have the same no
 stream (the same process), else by (position, kernel names): node ids are process-local counters,
 while the order of a graph's kernels on a stream is fixed by the captured code.
 
-A boundary is **flagged** (widened) when each side has ``min_replays`` gaps and its median grew
-by at least ``min_shift_ns`` and by ``min_rel`` of the baseline median, and the two middle halves
-do not overlap (current p25 > baseline p75): per-boundary samples are small (one gap per replay),
-so a separation rule stands in for a test over thousands of boundaries.
+A boundary **moved** when each side has ``min_replays`` gaps, its median grew by at least
+``min_shift_ns`` and by ``min_rel`` of the baseline median (compare's stream thresholds), and the
+middle halves do not overlap (current p25 > baseline p75): one gap per replay is a small sample, so
+a separation rule stands in for a test over thousands of boundaries. It is **widened** (flagged)
+when it moved by at least ``WIDENED_MIN_SHIFT_NS`` = 256 ns (8 ticks): between two captures of the
+same graph single boundaries differ by up to 224 ns (7 ticks; at most 7 of ~960 boundaries per
+graph move at all; bench/boundary_null.py -> bench/results/boundary_null.json), while the halves of
+one capture move none.
 
-Verdict per graph: ``none`` (nothing flagged); ``uniform`` (at least half of the boundaries
-flagged, like the seed's upload regression that widened every gap); ``concentrated`` (at most
-``max(3, 10%)`` of the boundaries flagged, like a new sync or a slow memcpy node); ``mixed``
-otherwise. The share a set of boundaries explains is their summed median shift over the summed
-median shift of all matched boundaries of the graph (the per-replay gap time the graph gained).
+Verdict per graph: ``uniform`` when at least half of the boundaries moved (like the seed's upload
+regression that widened every gap; so many never move together between captures); else ``none``
+when no boundary widened; ``concentrated`` when at most ``max(3, 10%)`` widened (like a new sync or a
+slow memcpy node); ``mixed`` otherwise. The share a set of boundaries explains is their summed
+median shift over the summed median shift of all matched boundaries of the graph (the gap time per
+replay the graph gained; idle time = span - busy is reported beside it, since kernels overlapping
+on other streams make it move differently).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import numpy as np
 
 from graphmon.model.trace import Trace
 
+WIDENED_MIN_SHIFT_NS = 256.0  # 8 ticks: above every boundary shift between captures of one graph (bench/boundary_null.py)
 UNIFORM_MIN_FRACTION = 0.5
 CONCENTRATED_MAX_FRACTION = 0.10
 CONCENTRATED_MAX_COUNT = 3
@@ -161,7 +168,8 @@ class BoundaryShift:
     shift_ns: float
     replays_baseline: int
     replays_current: int
-    flagged: bool
+    moved: bool  # median +min_shift_ns and +min_rel, middle halves separated
+    flagged: bool  # moved and by at least WIDENED_MIN_SHIFT_NS: a widened boundary
 
 
 @dataclass(frozen=True)
@@ -172,8 +180,9 @@ class GraphAttribution:
     unmatched_baseline: int
     unmatched_current: int
     matched_by: str  # node | position
-    flagged: int
-    flagged_streams: list[int]  # baseline stream ids with at least one flagged boundary
+    moved: int
+    flagged: int  # widened boundaries
+    flagged_streams: list[int]  # baseline stream ids the verdict points at (see attribute)
     streams: int
     gap_change_ns: float  # summed median shift of all matched boundaries (gap time per replay)
     median_shift_ns: float  # the typical boundary's shift (about the injected step when uniform)
@@ -259,7 +268,8 @@ def _match_rows(bb: Boundaries, rb: np.ndarray, bc: Boundaries, rc: np.ndarray, 
 
 
 def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]] = (), top: int = 5,
-              min_shift_ns: float = 128.0, min_rel: float = 0.20, min_replays: int = 5) -> Attribution:
+              min_shift_ns: float = 128.0, min_rel: float = 0.20, min_replays: int = 5,
+              widened_min_shift_ns: float = WIDENED_MIN_SHIFT_NS) -> Attribution:
     """Top boundaries by median gap shift, per matched graph (see module docs). Needs no scipy."""
     from graphmon.analysis.compare import _match_graphs, _match_streams, _units, replay_stream_gaps
     from graphmon.analysis.replays import analyze
@@ -297,18 +307,21 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
         mc, qc25, qc75, nc = _stats(bc, pc_a)
         shift = mc - mb
         enough = (nb >= min_replays) & (nc >= min_replays)
-        flagged = enough & (shift >= min_shift_ns) & (shift >= min_rel * np.maximum(mb, 0)) & (qc25 > qb75)
+        moved = enough & (shift >= min_shift_ns) & (shift >= min_rel * np.maximum(mb, 0)) & (qc25 > qb75)
+        flagged = moved & (shift >= max(min_shift_ns, widened_min_shift_ns))
         total = float(shift.sum())
         sign = -1.0 if total < 0 else 1.0
         order = np.lexsort((np.arange(len(shift)), -sign * shift))
         order = order[sign * shift[order] > 0][:top]  # only boundaries that moved the way the graph did
         share = float(shift[order].sum() / total) if total != 0 else float("nan")
-        nflag = int(flagged.sum())
+        nflag, nmoved = int(flagged.sum()), int(moved.sum())
         nbnd = len(shift)
-        if nflag == 0:
-            verdict = "none"
-        elif nflag >= UNIFORM_MIN_FRACTION * nbnd:
+        # Breadth uses "moved": many boundaries moving together is no capture-to-capture wobble
+        # (null pairs move at most a few), so a uniform +160 ns is caught like compare's streams.
+        if nmoved and nmoved >= UNIFORM_MIN_FRACTION * nbnd:
             verdict = "uniform"
+        elif nflag == 0:
+            verdict = "none"
         elif nflag <= max(CONCENTRATED_MAX_COUNT, CONCENTRATED_MAX_FRACTION * nbnd):
             verdict = "concentrated"
         else:
@@ -318,15 +331,17 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
             stream_rank=int(rank_a[j]), position=int(bb.position[pb_a[j]]),
             kernel_before=_shown(shown_b, bb.name_prev[pb_a[j]]), kernel_after=_shown(shown_b, bb.name_next[pb_a[j]]),
             at_us=float(bb.at_ns[pb_a[j]] / 1e3), median_baseline_ns=float(mb[j]), median_current_ns=float(mc[j]),
-            shift_ns=float(shift[j]), replays_baseline=int(nb[j]), replays_current=int(nc[j]), flagged=bool(flagged[j]),
+            shift_ns=float(shift[j]), replays_baseline=int(nb[j]), replays_current=int(nc[j]), moved=bool(moved[j]),
+            flagged=bool(flagged[j]),
         ) for j in order.tolist()]
         ib = (rep_b.device == bu.device) & (rep_b.graph == bu.graph)
         ic = (rep_c.device == cu.device) & (rep_c.graph == cu.graph)
         out.append(GraphAttribution(
             graph=gname, device=bu.device, boundaries=nbnd,
             unmatched_baseline=int(sel_b.sum()) - nbnd, unmatched_current=int(sel_c.sum()) - nbnd,
-            matched_by="+".join(sorted(hows)) or "-", flagged=nflag,
-            flagged_streams=sorted({int(bb.stream[pb_a[j]]) for j in np.flatnonzero(flagged).tolist()}),
+            matched_by="+".join(sorted(hows)) or "-", moved=nmoved, flagged=nflag,
+            flagged_streams=sorted({int(bb.stream[pb_a[j]]) for j in
+                                    np.flatnonzero(moved if verdict == "uniform" else flagged).tolist()}),
             streams=len(smatch), gap_change_ns=total,
             median_shift_ns=float(np.median(shift)) if len(shift) else float("nan"),
             idle_median_baseline_ns=float(np.median(rep_b.idle_ns[ib])) if ib.any() else float("nan"),

@@ -56,7 +56,7 @@ def format_attribution(attr: Attribution) -> str:
         )
         if not g.top:
             continue
-        lines.append(f"  {'stream':>10} {'pos':>4} {'at us':>8} {'base ns':>9} {'cur ns':>9} {'shift':>9}  flag  kernels")
+        lines.append(f"  {'stream':>10} {'pos':>4} {'at us':>8} {'base ns':>9} {'cur ns':>9} {'shift':>9}  flag   kernels")
         for b in g.top:
             st = str(b.stream_baseline) if b.stream_baseline == b.stream_current else f"{b.stream_baseline}->{b.stream_current}"
             lines.append(
