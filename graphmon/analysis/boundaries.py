@@ -201,6 +201,7 @@ class Attribution:
     graphs: list[GraphAttribution]
     min_shift_ns: float
     min_rel: float
+    widened_min_shift_ns: float = WIDENED_MIN_SHIFT_NS
 
     def to_json(self) -> list[dict]:
         return [attribution_json(g) for g in self.graphs]
@@ -350,7 +351,8 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
             all_shifts={"stream_rank": rank_a, "at_us": bb.at_ns[pb_a] / 1e3, "shift_ns": shift, "flagged": flagged,
                         "stream": bb.stream[pb_a], "gaps": gaps},
         ))
-    return Attribution(graphs=out, min_shift_ns=min_shift_ns, min_rel=min_rel)
+    return Attribution(graphs=out, min_shift_ns=min_shift_ns, min_rel=min_rel,
+                       widened_min_shift_ns=max(min_shift_ns, widened_min_shift_ns))
 
 
 def _stream_values(b: Boundaries, rows: np.ndarray) -> np.ndarray:

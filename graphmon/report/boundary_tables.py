@@ -40,15 +40,15 @@ def _f(v: float, spec: str = ".0f") -> str:
 
 
 def format_attribution(attr: Attribution) -> str:
-    lines = ["", f"boundaries (a boundary = two consecutive kernels of a replay on one stream; flagged: median "
-                 f"+{attr.min_shift_ns:g} ns and +{attr.min_rel:.0%} and current p25 > baseline p75)"]
+    lines = ["", f"boundaries (two consecutive kernels of a replay on one stream): moved = median +{attr.min_shift_ns:g} ns "
+                 f"and +{attr.min_rel:.0%} and current p25 > baseline p75; widened = moved by >= {attr.widened_min_shift_ns:g} ns"]
     for g in attr.graphs:
         if g.verdict == "none":
             lines.append(f"graph {g.graph} (device {g.device}): no widened boundary ({g.boundaries} matched)")
             continue
         lines.append(
             f"graph {g.graph} (device {g.device}): {g.verdict.upper()}; {g.flagged}/{g.boundaries} boundaries "
-            f"widened on {len(g.flagged_streams)}/{g.streams} streams; median boundary shift "
+            f"widened ({g.moved} moved) on {len(g.flagged_streams)}/{g.streams} streams; median boundary shift "
             f"{g.median_shift_ns:+.0f} ns; summed median gap change "
             f"{g.gap_change_ns / 1e3:+.2f} us/replay (idle median {_f(g.idle_median_baseline_ns / 1e3, '.2f')} -> "
             f"{_f(g.idle_median_current_ns / 1e3, '.2f')} us); top {len(g.top)} explain {_f(g.top_share * 100, '.1f')}%"
@@ -61,7 +61,7 @@ def format_attribution(attr: Attribution) -> str:
             st = str(b.stream_baseline) if b.stream_baseline == b.stream_current else f"{b.stream_baseline}->{b.stream_current}"
             lines.append(
                 f"  {st:>10} {b.position:>4} {b.at_us:8.1f} {b.median_baseline_ns:9.0f} {b.median_current_ns:9.0f} "
-                f"{b.shift_ns:+9.0f}  {'YES ' if b.flagged else '    '}  {short_kernel(b.kernel_before, 50)} -> "
+                f"{b.shift_ns:+9.0f}  {'WIDE ' if b.flagged else 'moved' if b.moved else '     '}  {short_kernel(b.kernel_before, 50)} -> "
                 f"{short_kernel(b.kernel_after, 50)}"
             )
     return "\n".join(lines)
