@@ -49,6 +49,8 @@ class Panel:
     wide: bool = False  # spans the whole row
     ref_x: float | None = None  # a dotted vertical reference line (the 32 ns tick)
     tag: str = ""  # prefixes the series names in the HTML's one shared legend
+    zero: bool = False  # y axis includes 0 (a shift is read against no shift)
+    notes: list = field(default_factory=list)  # (x, y, text) labels on points
 
 
 def _tick_label(ns: float) -> str:
@@ -107,9 +109,12 @@ def compare_panels(attr: Attribution) -> list[list[Panel]]:
             series.append(Series(f"stream {s_id}", sh["at_us"][m].tolist(), sh["shift_ns"][m].tolist(),
                                  STREAM_COLORS[rank % len(STREAM_COLORS)], "markers",
                                  size=np.where(fl, 9, 4).tolist()))
+        # Name the widened boundaries when they are few (a uniform shift needs no labels).
+        notes = [] if g.verdict == "uniform" else [
+            (b.at_us, b.shift_ns, f"stream {b.stream_baseline} #{b.position}") for b in g.top if b.flagged]
         rows.append([Panel(f"{g.graph}: median gap shift per boundary ({g.verdict}; {g.flagged}/{g.boundaries} "
-                           f"widened; large markers = flagged)", "boundary time in the replay (µs)",
-                           "median shift (ns)", series, wide=True)])
+                           f"widened; large markers = widened)", "boundary time in the replay (µs)",
+                           "median shift (ns)", series, wide=True, zero=True, notes=notes)])
     return rows
 
 
@@ -165,6 +170,14 @@ def _log_range(p: Panel) -> tuple[float, float]:
     return FLOOR_NS * 0.9, max(xmax * 1.3, TICK_NS * 4)
 
 
+def _zero_range(p: Panel) -> tuple[float, float]:
+    """y range holding 0 and every point, padded so points on the edge stay visible."""
+    ys = [y for s in p.series for y in s.y]
+    lo, hi = min(ys + [0.0]), max(ys + [0.0])
+    pad = 0.08 * max(hi - lo, 1.0)
+    return lo - pad, hi + pad
+
+
 def _write_png(rows, path, title) -> None:
     import matplotlib
 
@@ -200,6 +213,11 @@ def _draw_mpl(ax, p: Panel) -> None:
         ax.set_xlim(lo, hi)
     if p.ref_x is not None:
         ax.axvline(p.ref_x, color="grey", ls=":", lw=1)
+    if p.zero:
+        ax.set_ylim(*_zero_range(p))
+        ax.axhline(0, color="grey", lw=0.8)
+    for k, (x, y, text) in enumerate(p.notes):  # staggered so neighbours do not overprint
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, -10 - 10 * (k % 3)), fontsize=7)
     ax.set_title(p.title, fontsize=8)
     ax.set_xlabel(p.xlabel, fontsize=7)
     ax.set_ylabel(p.ylabel, fontsize=7)
@@ -248,6 +266,11 @@ def html_figure(rows: list[list[Panel]], title: str):
                                  range=[np.log10(lo), np.log10(hi)], row=i, col=j)
             if p.ref_x is not None:
                 fig.add_vline(x=p.ref_x, line_dash="dot", line_color="grey", row=i, col=j)
+            if p.zero:
+                fig.update_yaxes(range=list(_zero_range(p)), row=i, col=j)
+            for k, (x, y, text) in enumerate(p.notes):
+                fig.add_annotation(x=x, y=y, text=text, showarrow=False, yshift=-12 - 12 * (k % 3), xshift=40,
+                                   font={"size": 10}, row=i, col=j)
     # Room on the right for the legend (series names carry their panel).
     fig.update_layout(title=title, height=440 * len(rows), width=560 * max(ncols, 2) + 450, barmode="overlay",
                       showlegend=True)
