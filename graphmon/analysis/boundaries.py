@@ -220,15 +220,26 @@ def attribution_json(g: GraphAttribution) -> dict:
 
 
 def display_names(names: Sequence[str]) -> list[str]:
-    """Kernel names for people: demangled by ``graphmon.formats.chrome.demangle`` when it exists."""
+    """Kernel names for people: demangled by ``graphmon.formats.chrome.demangle`` when it exists.
+
+    The name table is small (one entry per distinct kernel), so one call per name is fine; a
+    demangler that takes the whole list is used as such. A failing demangler leaves the raw names.
+    """
     try:
         from graphmon.formats.chrome import demangle  # type: ignore[attr-defined]
     except ImportError:
         return list(names)
+    names = list(names)
     try:
-        return [str(s) for s in demangle(list(names))] if names else []
-    except TypeError:  # a demangler of one name at a time
-        return [demangle(s) for s in names]
+        out = demangle(names)
+        if isinstance(out, (list, tuple)) and len(out) == len(names):
+            return [str(s) for s in out]
+    except Exception:  # noqa: BLE001 - a demangler of one name at a time; tried below
+        pass
+    try:
+        return [str(demangle(s)) for s in names]
+    except Exception:  # noqa: BLE001 - names stay readable raw; never fail a report over a demangler
+        return names
 
 
 def _stats(b: Boundaries, rows: np.ndarray) -> tuple[np.ndarray, ...]:

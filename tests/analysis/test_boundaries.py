@@ -212,3 +212,23 @@ def test_short_kernel_folds_templates_and_parameters():
     assert short_kernel(n, 200) == "vectorized_elementwise_kernel<8, AUnaryFunctor<…>, std::array<…> >"
     assert short_kernel("nvjet_sm90_tst_64x8", 200) == "nvjet_sm90_tst_64x8"
     assert len(short_kernel(n, 20)) == 20
+
+
+@pytest.mark.parametrize("kind", ["per_name", "batch", "broken"])
+def test_kernel_names_use_the_demangler_when_present(native, monkeypatch, kind):
+    import graphmon.formats.chrome as chrome
+    from graphmon.analysis.boundaries import display_names
+
+    def per_name(s):
+        if not isinstance(s, str):
+            raise TypeError("one name")
+        return "D:" + s
+
+    fns = {"per_name": per_name, "batch": lambda xs: ["D:" + s for s in xs],
+           "broken": lambda xs: (_ for _ in ()).throw(RuntimeError("no c++filt"))}
+    monkeypatch.setattr(chrome, "demangle", fns[kind], raising=False)
+    shown = display_names(native.names)
+    assert shown == (list(native.names) if kind == "broken" else ["D:" + s for s in native.names])
+    g = native.graph_names().index("decode_bs2/no_upload")
+    a = attribute(native, widen_at(native, g, 154, [10])).graphs[g]
+    assert a.top[0].kernel_before == shown[native.name_id[(native.graph == g) & (native.stream == 154)][10]]
