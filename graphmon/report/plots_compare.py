@@ -285,4 +285,8 @@ def plot_analysis(trace: Trace, path: str, title: str = "graphmon analyze: kerne
     from graphmon.analysis.boundaries import boundary_gaps
     from graphmon.analysis.replays import analyze
 
-    write_figure(analyze_panels(trace, boundary_gaps(trace), analyze(trace).replays), path, title)
+    b = boundary_gaps(trace)
+    n = len(np.unique(np.stack([b.device, b.graph], axis=1), axis=0)) if len(b) else 0
+    if n > MAX_GRAPHS:
+        title += f" (first {MAX_GRAPHS} of {n} graphs)"
+    write_figure(analyze_panels(trace, b, analyze(trace).replays), path, title)

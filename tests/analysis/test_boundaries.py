@@ -171,7 +171,7 @@ def test_json_and_table(native):
     g = native.graph_names().index("decode_bs2/no_upload")
     picks, cur = _concentrated(native, g)
     attr = attribute(native, cur, top=4)
-    doc = json.loads(json.dumps(attr.to_json()))  # JSON-ready: no numpy, no NaN
+    doc = json.loads(json.dumps(attr.to_json(), allow_nan=False))  # JSON-ready: no numpy, no NaN
     d = {x["graph"]: x for x in doc}["decode_bs2/no_upload"]
     assert d["verdict"] == "concentrated" and len(d["top"]) == 3 and "all_shifts" not in d
     assert d["top"][0]["shift_ns"] == CONC_NS and d["top"][0]["flagged"] is True
@@ -186,7 +186,7 @@ def test_live_top_boundaries(native):
     picks, cur = _concentrated(native, g)
     base_win, cur_win = half(native, 0), half(cur, 1)
     out = live_top_boundaries(base_win, cur_win, k=2)
-    json.dumps(out)
+    json.dumps(out, allow_nan=False)
     d = {x["graph"]: x for x in out}
     assert d["decode_bs2/no_upload"]["verdict"] == "concentrated"
     assert len(d["decode_bs2/no_upload"]["top"]) == 2
