@@ -232,3 +232,18 @@ def test_kernel_names_use_the_demangler_when_present(native, monkeypatch, kind):
     g = native.graph_names().index("decode_bs2/no_upload")
     a = attribute(native, widen_at(native, g, 154, [10])).graphs[g]
     assert a.top[0].kernel_before == shown[native.name_id[(native.graph == g) & (native.stream == 154)][10]]
+
+
+def test_small_and_degenerate_traces():
+    from helpers import synthetic_trace
+
+    one = synthetic_trace(n_streams=2, replays=6, kernels_per_stream=1)  # no consecutive kernels on a stream
+    assert len(boundary_gaps(one)) == 0
+    a = attribute(one, one).graphs[0]
+    assert a.boundaries == 0 and a.verdict == "none" and a.top == []
+    assert widest(one) == [] and live_top_boundaries(one, one) == [{**attribute(one, one).to_json()[0]}]
+    t = synthetic_trace(n_streams=2, replays=6, kernels_per_stream=5, gap_ns=400)  # no node ids: by position
+    b = boundary_gaps(t)
+    assert len(b) == 8 and not b.by_node.any() and np.all(b.counts == 6) and np.all(b.values == 400)
+    a = attribute(t, widen_at(t, 0, 1, [2], 1_000)).graphs[0]
+    assert a.verdict == "concentrated" and [(x.stream_baseline, x.position, x.shift_ns) for x in a.top] == [(1, 2, 1_000)]
