@@ -22,12 +22,22 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from graphmon.report.summary import analysis_json, format_table
     from graphmon.formats.read import read_trace
 
+    if args.plot and len(args.paths) > 1:
+        raise CliError("--plot draws one trace; give one PATH")
+    _check_plot_path(args.plot)
+    if args.top < 1:
+        raise CliError("--top must be >= 1")
     docs = []
     for path in args.paths:
         trace = read_trace(path, progress=args.progress)
         if len(trace) == 0:
             raise CliError(f"{path}: no valid kernel records (invalid: {dict(trace.invalid) or 'none'})")
-        docs.append(analysis_json(analyze(trace), by=args.by, source=path if len(args.paths) > 1 else None))
+        docs.append(analysis_json(analyze(trace), by=args.by, source=path if len(args.paths) > 1 else None,
+                                  top=args.top))
+        if args.plot:
+            from graphmon.report.plots_compare import plot_analysis
+
+            plot_analysis(trace, args.plot, title=f"graphmon analyze {path}")
     if args.format == "json":
         if len(docs) == 1:
             out = docs[0]
@@ -43,7 +53,25 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print("\n\n".join(format_table(d, by=args.by) for d in docs))
+    if args.plot:
+        print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _check_plot_path(path: str | None) -> None:
+    """Refuse a bad --plot before the work: .png (matplotlib) or .html (plotly)."""
+    import os
+
+    if path is None:
+        return
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".png", ".html", ".htm"):
+        raise CliError(f"--plot writes .png or .html, got {path!r}")
+    mod = "matplotlib" if ext == ".png" else "plotly"
+    try:
+        __import__(mod)
+    except ImportError:
+        raise CliError(f"--plot {ext} needs {mod}: pip install 'graphmon[ab]'") from None
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -62,14 +90,27 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         pairs.append(tuple(spec.split("=")))
     th = Thresholds(min_shift_ns=args.min_shift_ns, min_rel=args.min_rel, alpha=args.alpha,
                     min_replays=args.min_replays)
+    _check_plot_path(args.plot)
+    if args.top < 1:
+        raise CliError("--top must be >= 1")
     base = read_trace(args.baseline, progress=False)
     cur = read_trace(args.current, progress=False)
     result = compare(base, cur, pairs=pairs, thresholds=th)
+    from graphmon.analysis.boundaries import attribute
+    from graphmon.report.boundary_tables import format_attribution
+
+    attr = attribute(base, cur, pairs=pairs, top=args.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
+                     min_replays=th.min_replays)
     if args.format == "json":
-        json.dump(result.to_json(), sys.stdout, indent=2)
+        json.dump({**result.to_json(), "boundaries": attr.to_json()}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(result.format_table())
+        print(result.format_table() + "\n" + format_attribution(attr))
+    if args.plot:
+        from graphmon.report.plots_compare import plot_compare
+
+        plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}")
+        print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 1 if result.regressions else 0
 
 
@@ -268,7 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
     a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], or raw CUPTI .npz")
     a.add_argument("--format", choices=("table", "json"), default="table")
-    a.add_argument("--by", choices=("graph", "stream"), default="graph")
+    a.add_argument("--by", choices=("graph", "stream", "boundary"), default="graph",
+                   help="boundary: the widest kernel boundaries of each graph")
+    a.add_argument("--top", type=int, default=10, help="boundaries listed per graph with --by boundary (default 10)")
+    a.add_argument("--plot", metavar="OUT.png|OUT.html", help="draw the gap distributions and a replay timeline")
     prog = a.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     prog.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
@@ -302,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--min-rel", type=float, default=0.20, help="smallest relative gap shift that counts (default 0.20)")
     cp.add_argument("--alpha", type=float, default=0.01, help="significance level after Bonferroni (default 0.01)")
     cp.add_argument("--min-replays", type=int, default=5, help="replays needed per side to test a stream (default 5)")
+    cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
+    cp.add_argument("--plot", metavar="OUT.png|OUT.html",
+                    help="draw per-stream gap distributions before/after and the per-boundary shift")
     cp.set_defaults(func=_cmd_compare)
 
     abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")

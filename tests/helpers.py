@@ -74,3 +74,26 @@ def half(trace: Trace, which: int) -> Trace:
         rows = rows[np.argsort(r.first_start_ns[rows])]
         keep_corr.append(r.correlation_id[np.array_split(rows, 2)[which]])
     return trace.select(np.isin(trace.correlation_id, np.concatenate(keep_corr)) & (trace.graph >= 0))
+
+
+def widen_at(trace: Trace, graph_index: int, stream: int, positions, add_ns: int = 5_000) -> Trace:
+    """Widen chosen boundaries of one graph by ``add_ns`` in every replay.
+
+    On ``stream``, kernel k+1 onward (by start, within each replay) moves later by ``add_ns`` for each
+    position k in ``positions``: exactly the boundaries (k, k+1) widen, every other gap stays.
+    """
+    start, end = trace.start_ns.copy(), trace.end_ns.copy()
+    sel = np.flatnonzero((trace.graph == graph_index) & (trace.stream == stream))
+    o = np.lexsort((start[sel], trace.correlation_id[sel], trace.device[sel]))
+    rows = sel[o]
+    key = np.stack([trace.device[rows], trace.correlation_id[rows]])
+    head = np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)]
+    idx = np.arange(len(rows))
+    k = idx - np.maximum.accumulate(np.where(head, idx, 0))
+    shift = sum((k > p).astype(np.int64) * add_ns for p in positions)
+    start[rows] += shift
+    end[rows] += shift
+    return Trace.build(start_ns=start, end_ns=end, stream=trace.stream, correlation_id=trace.correlation_id,
+                       device=trace.device, graph_id=trace.graph_id, graph_node_id=trace.graph_node_id,
+                       name_id=trace.name_id, names=trace.names, launches=trace.launches, graphs=trace.graphs,
+                       labels=trace.labels, meta=trace.meta)

@@ -114,7 +114,7 @@ def streams_summary(a: Analysis) -> list[dict]:
     return out
 
 
-def analysis_json(a: Analysis, by: str = "graph", source: str | None = None) -> dict:
+def analysis_json(a: Analysis, by: str = "graph", source: str | None = None, top: int = 10) -> dict:
     t = a.trace
     non_graph = int((t.graph < 0).sum())
     doc: dict = {
@@ -126,6 +126,10 @@ def analysis_json(a: Analysis, by: str = "graph", source: str | None = None) -> 
     }
     if by == "stream":
         doc["streams"] = streams_summary(a)
+    if by == "boundary":
+        from graphmon.analysis.boundaries import widest
+
+        doc["boundaries"] = widest(t, top)
     if source is not None:
         doc["source"] = source
     return doc
@@ -151,6 +155,10 @@ def format_table(doc: dict, by: str = "graph") -> str:
         f"{doc['kernels']} kernels, {doc['replays']} replays, {doc['non_graph_kernels']} outside graphs; "
         f"invalid: {doc['invalid_records'] or 'none'}"
     )
+    if by == "boundary":
+        from graphmon.report.boundary_tables import format_widest
+
+        return "\n".join(lines) + "\n" + format_widest(doc.get("boundaries", []))
     if by == "stream":
         hdr = f"{'dev':>3} {'stream':>8} {'gaps':>9} {'p10':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'mean':>10} {'neg':>5}  graphs"
         lines.append(hdr)
