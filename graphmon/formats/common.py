@@ -4,11 +4,11 @@ text cleaning and integer-column checks. (ReadLimits is re-exported by formats.r
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from graphmon.model.trace import TraceError
+from graphmon.model.trace import Trace, TraceError, replay_key
 
 I64_MAX = 2**63 - 1
 MAX_DEVICE = 2**15  # Trace keys (device, correlation) as device << 48 ^ correlation
@@ -77,3 +77,19 @@ def check_counts(limits: ReadLimits, *, kernels: int = 0, streams: int = 0, name
     ):
         if n > cap:
             raise TraceError(f"more than {cap} {what} (limit)")
+
+
+def fill_launch_graphs(t: Trace) -> Trace:
+    """Fill each launch row's graph from its kernels (Kineto and old nsys exports name no graph;
+    Trace.build found them by signature), so launches count per graph. Launches without kernels stay -1."""
+    lc = t.launches
+    if not len(lc["correlation_id"]) or not len(t):
+        return t
+    kkey = replay_key(t.device, t.correlation_id)  # as Trace keys (device, correlation)
+    ukey, first = np.unique(kkey, return_index=True)
+    lkey = replay_key(lc["device"], lc["correlation_id"])
+    pos = np.clip(np.searchsorted(ukey, lkey), 0, len(ukey) - 1)
+    hit = ukey[pos] == lkey
+    graph = np.where(hit, t.graph[first[pos]], lc["graph"]).astype(np.int32)
+    graph.setflags(write=False)
+    return replace(t, launches={**lc, "graph": graph})

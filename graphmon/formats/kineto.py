@@ -12,16 +12,15 @@ import decimal
 import gzip
 import os
 from array import array
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from graphmon.formats.common import I64_MAX, MAX_CORRELATION, MAX_DEVICE, ReadLimits, clean_text, progress_bar
+from graphmon.formats.common import I64_MAX, MAX_CORRELATION, MAX_DEVICE, ReadLimits, clean_text, fill_launch_graphs, progress_bar
 from graphmon.formats.jsonstream import JsonStream
 from graphmon.model.invalid import InvalidReason
-from graphmon.model.trace import Trace, TraceError, replay_key
+from graphmon.model.trace import Trace, TraceError
 
 # Plain strings (not the enum members): helpers below return "an int or a reason" and tell the
 # two apart by type.
@@ -197,7 +196,7 @@ class _KinetoBuilder:
             invalid=self.invalid,
             meta=meta,
         )
-        return _with_launch_graphs(trace)
+        return fill_launch_graphs(trace)
 
     def _labels(self, labels: dict[str, int]) -> dict[int, int]:
         """Correlation -> label index: the innermost record_function range on the launch's
@@ -226,22 +225,6 @@ class _KinetoBuilder:
                         labels[label] = len(labels)
                     out[c] = labels[label]
         return out
-
-
-def _with_launch_graphs(t: Trace) -> Trace:
-    """Fill each launch row's graph from its kernels (Kineto names no graph; Trace.build found
-    them by signature), so launches count per graph. Launches without kernels stay -1."""
-    lc = t.launches
-    if not len(lc["correlation_id"]) or not len(t):
-        return t
-    kkey = replay_key(t.device, t.correlation_id)  # as Trace keys (device, correlation)
-    ukey, first = np.unique(kkey, return_index=True)
-    lkey = replay_key(lc["device"], lc["correlation_id"])
-    pos = np.clip(np.searchsorted(ukey, lkey), 0, len(ukey) - 1)
-    hit = ukey[pos] == lkey
-    graph = np.where(hit, t.graph[first[pos]], lc["graph"]).astype(np.int32)
-    graph.setflags(write=False)
-    return replace(t, launches={**lc, "graph": graph})
 
 
 def _hashable(v: Any) -> Any:

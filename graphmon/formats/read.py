@@ -6,6 +6,7 @@
   (formats.native, see docs/trace-format.md); with ``start`` + ``launch_correlation`` it is the
   raw CUPTI probe npz (shared/traces/h200-cupti-decode-v1.npz).
 - ``\\x1f\\x8b`` (gzip) or a first character ``{`` / ``[``: a Chrome trace JSON (Kineto).
+- ``SQLite format 3``: an Nsight Systems export (``nsys export --type sqlite``, formats.nsys).
 
 Every problem with a file raises :class:`~graphmon.model.trace.TraceError` with one line naming the
 file and the problem. Individual kernel records with bad values are excluded and counted by
@@ -28,6 +29,7 @@ from graphmon.formats.common import ReadLimits, one_line, progress_bar
 from graphmon.formats.cupti_npz import RAW_CUPTI_OFFSET_NS, is_cupti_npz, read_cupti_npz
 from graphmon.formats.kineto import read_kineto
 from graphmon.formats.native import is_native, read_native, write_trace
+from graphmon.formats.nsys import SQLITE_MAGIC, read_nsys
 from graphmon.model.trace import Trace, TraceError
 
 # ReadLimits lives in formats.common so that every reader can take it without importing this
@@ -58,7 +60,7 @@ def read_trace(
             raise TraceError(f"{name}: not a regular file")
         size = st.st_size
         with open(name, "rb") as fh:
-            head = fh.read(4)
+            head = fh.read(16)
     except OSError as e:
         raise TraceError(f"{name}: cannot read file: {e.strerror or e}") from None
     # None: a bar that appears only once reading has taken 1 s (tqdm's delay), so small and fast
@@ -67,17 +69,21 @@ def read_trace(
     try:
         if not head:
             raise TraceError("empty file")
+        if head.startswith(SQLITE_MAGIC):
+            if size > limits.max_decompressed_bytes:
+                raise TraceError(f"SQLite file of {size} bytes, over the limit of {limits.max_decompressed_bytes}")
+            return read_nsys(name, limits)
         if head.startswith(b"PK"):
             return _read_npz(name, limits, show)
         if head.startswith(b"\x1f\x8b"):
             return read_kineto(name, size, limits, show, gzipped=True)
         if head.startswith(b"\xef\xbb\xbf") or head.lstrip()[:1] in (b"{", b"["):
             return read_kineto(name, size, limits, show, gzipped=False)
-        if head.strip() == b"" and size > 4:
+        if head.strip() == b"" and size > len(head):
             return read_kineto(name, size, limits, show, gzipped=False)  # leading whitespace
         if head.startswith(b"\x28\xb5\x2f\xfd"):
             raise TraceError("zstd-compressed files are not supported; decompress first")
-        raise TraceError(f"unrecognized format (starts with {head!r}); expected a graphmon npz, a raw CUPTI npz or a Chrome trace JSON")
+        raise TraceError(f"unrecognized format (starts with {head!r}); expected a graphmon npz, a raw CUPTI npz, a Chrome trace JSON or an Nsight Systems SQLite export")
     except TraceError as e:
         raise TraceError(one_line(f"{name}: {e}")) from None
     except MemoryError:
