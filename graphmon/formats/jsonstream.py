@@ -36,7 +36,7 @@ class JsonStream:
     by hand and decodes each event with the stdlib decoder, so memory holds one event at a time.
     """
 
-    def __init__(self, raw: BinaryIO, binary: BinaryIO, limits: ReadLimits, on_read: Callable[[], None]):
+    def __init__(self, raw: BinaryIO, binary: BinaryIO, limits: ReadLimits, on_read: Callable[[], None], *, exact: bool = True):
         self._raw = raw  # the file (for progress), binary = what yields JSON bytes
         self._bin = binary
         self._limits = limits
@@ -44,7 +44,8 @@ class JsonStream:
         self._dec = codecs.getincrementaldecoder("utf-8-sig")("strict")
         # Decimal keeps Kineto's µs with 3 decimals exact: 5351128125842.938 -> ...842938 ns.
         # Integers stay the C parser's int: fast, and it refuses > 4300 digits (a ValueError).
-        dec = json.JSONDecoder(parse_float=Decimal, parse_constant=lambda s: _NON_FINITE)
+        # exact=False (metadata): plain floats, and NaN/Infinity refused (a ValueError below).
+        dec = json.JSONDecoder(parse_float=Decimal, parse_constant=lambda s: _NON_FINITE) if exact else json.JSONDecoder(parse_constant=_refuse_constant)
         self._scan = dec.scan_once  # raw_decode minus a Python frame per event
         self.buf = ""
         self.pos = 0
@@ -91,6 +92,22 @@ class JsonStream:
                 return ""
             self._fill()
 
+    def items(self, cap: int, what: str):
+        """Yield the elements of the array that starts here, refusing element ``cap + 1`` (so a
+        list of millions of tiny strings is stopped before it is built)."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        n = 0
+        while True:
+            n += 1
+            if n > cap:
+                raise TraceError(f"more than {cap} {what} (limit)")
+            yield self.value()
+            if self.expect(",]") == "]":
+                return
+
     def expect(self, chars: str) -> str:
         c = self.peek()
         if not c or c not in chars:
@@ -124,6 +141,10 @@ class JsonStream:
                 continue
             self.pos = end
             return v
+
+
+def _refuse_constant(s: str):
+    raise ValueError(f"{s} is not JSON")
 
 
 _WS = re.compile(r"[ \t\n\r]*")

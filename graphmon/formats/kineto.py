@@ -33,7 +33,16 @@ INVALID_BAD_NAME = InvalidReason.BAD_NAME.value
 
 # Kineto's names for a graph launch: runtime (versioned or not) and driver API.
 GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch", "cuGraphLaunch_ptsz"})
-_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+# Event categories, current names and those of torch <= 1.9 ("Kernel", "Runtime", ...).
+_KERNEL, _LAUNCH, _RANGE, _MEMCPY, _MEMSET = range(5)
+_CATS = {
+    "kernel": _KERNEL, "Kernel": _KERNEL,
+    "cuda_runtime": _LAUNCH, "cuda_driver": _LAUNCH, "Runtime": _LAUNCH, "Driver": _LAUNCH,
+    "user_annotation": _RANGE,
+    "gpu_memcpy": _MEMCPY, "Memcpy": _MEMCPY,
+    "gpu_memset": _MEMSET, "Memset": _MEMSET,
+}
+_MAX_CATEGORIES_SEEN = 32  # named in the "no kernel events" error
 
 _US_LIMIT = I64_MAX // 1000  # largest |µs| whose ns value fits int64
 _DEC = decimal.Context(prec=60, traps=[])  # exact for any value that passes the range check
@@ -54,6 +63,9 @@ class _KinetoBuilder:
         self.duplicate_launches = 0
         self.ranges: dict[tuple, list[tuple[int, int, str]]] = {}  # (pid, tid) -> (start, end, label)
         self.non_object_events = 0
+        self.n_ranges = 0
+        self.memops = (array("q"), array("q"), array("q"))  # correlation, duration ns, kind (_MEMCPY/_MEMSET)
+        self.categories: dict[str, int] = {}  # other categories seen (a few), for the error message
 
     def bad(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
@@ -65,12 +77,33 @@ class _KinetoBuilder:
         cat = e.get("cat")
         if type(cat) is not str:
             return  # not a kernel event, whatever it is (a list here would not even hash)
-        if cat == "kernel":
+        kind = _CATS.get(cat)
+        if kind == _KERNEL:
             self._kernel(e)
-        elif cat in _LAUNCH_CATS and type(e.get("name")) is str and e["name"] in GRAPH_LAUNCH_NAMES:
-            self._launch(e)
-        elif cat == "user_annotation" and e.get("ph") == "X":
-            self._range(e)
+        elif kind == _LAUNCH:
+            if type(e.get("name")) is str and e["name"] in GRAPH_LAUNCH_NAMES:
+                self._launch(e)
+        elif kind == _RANGE:
+            if e.get("ph") == "X":
+                self._range(e)
+        elif kind is not None:
+            self._memop(e, kind)
+        elif cat in self.categories or len(self.categories) < _MAX_CATEGORIES_SEEN:
+            self.categories[cat[:40]] = self.categories.get(cat[:40], 0) + 1
+
+    def _memop(self, e: dict, kind: int) -> None:
+        """A copy or set on the GPU: kept apart (kernel columns hold kernels only); those of a
+        graph launch are counted in meta["graph_memops"]."""
+        args = e.get("args")
+        c = _as_int(args.get("correlation"), 0, MAX_CORRELATION - 1) if type(args) is dict else INVALID_MISSING
+        d = _us_to_ns(e.get("dur"))
+        if type(c) is str or type(d) is str or d < 0:
+            return
+        if len(self.memops[0]) >= self.limits.max_kernels:
+            raise TraceError(f"more than {self.limits.max_kernels} memcpy/memset events (limit)")
+        self.memops[0].append(c)
+        self.memops[1].append(d)
+        self.memops[2].append(kind)
 
     def _kernel(self, e: dict) -> None:
         self.kernel_events += 1
@@ -144,6 +177,9 @@ class _KinetoBuilder:
         if type(t0) is not int or type(d) is not int or d < 0 or type(label) is not str:
             return
         key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
+        self.n_ranges += 1
+        if self.n_ranges > self.limits.max_ranges:
+            raise TraceError(f"more than {self.limits.max_ranges} record_function ranges (limit)")
         if len(self.ranges) >= self.limits.max_streams and key not in self.ranges:
             raise TraceError(f"more than {self.limits.max_streams} threads with record_function ranges (limit)")
         self.ranges.setdefault(key, []).append((t0, t0 + d, label))
@@ -151,7 +187,9 @@ class _KinetoBuilder:
     # ------------------------------------------------------------------ to Trace
     def build(self, path: str, meta: dict[str, Any]) -> Trace:
         if self.kernel_events == 0:
-            raise TraceError("no kernel events (cat 'kernel'); was the profiler run with CUDA activities?")
+            seen = sorted(self.categories.items(), key=lambda kv: -kv[1])[:8]
+            other = f"; categories seen: {', '.join(f'{c!r} ({n})' for c, n in seen)}" if seen else ""
+            raise TraceError(f"no kernel events (cat 'kernel', or 'Kernel' before torch 1.10){other}; was the profiler run with CUDA activities?")
         start = np.frombuffer(self.start, np.int64) if len(self.start) else np.zeros(0, np.int64)
         corr = np.frombuffer(self.corr, np.int64) if len(self.corr) else np.zeros(0, np.int64)
         device = np.frombuffer(self.device, np.int32) if len(self.device) else np.zeros(0, np.int32)
@@ -178,6 +216,14 @@ class _KinetoBuilder:
             graph_launch_events=len(self.launches),
             eager_kernels=int((~is_launch).sum()),
         )
+        if len(self.memops[0]):
+            mc, md, mk = (np.frombuffer(a, np.int64) for a in self.memops)
+            in_graph = np.isin(mc, np.fromiter(self.launches, np.int64, len(self.launches)))
+            ops = {}
+            for kind, name in ((_MEMCPY, "memcpy"), (_MEMSET, "memset")):
+                sel = in_graph & (mk == kind)
+                ops[name], ops[f"{name}_ns"] = int(sel.sum()), sum(md[sel].tolist())  # Python ints: no wrap
+            meta["graph_memops"] = ops
         if self.duplicate_launches:
             meta["duplicate_launch_events"] = self.duplicate_launches
         if self.non_object_events:

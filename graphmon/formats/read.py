@@ -143,5 +143,5 @@ def _read_npz(path: str, limits: ReadLimits, show: bool | float) -> Trace:
     if is_native(arrays):
         return read_native(arrays, source=path, limits=limits)
     if is_cupti_npz(arrays):
-        return read_cupti_npz(path, arrays)
+        return read_cupti_npz(path, arrays, limits)
     raise TraceError(f"npz is neither a graphmon trace (no meta_json) nor a raw CUPTI trace (keys: {sorted(arrays)[:12]})")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from graphmon.formats.cupti_npz import RAW_CUPTI_OFFSET_NS
-from graphmon.formats.read import read_trace
+from graphmon.formats.read import ReadLimits, read_trace
+from graphmon.model.trace import TraceError
 
 from tracefiles import RAW
 
@@ -76,3 +77,37 @@ def test_raw_cupti(raw_arrays, raw_trace):
             phase = name[len("event_ms_"):]
             for i, k in enumerate(keys):
                 assert med[phase][k] == pytest.approx(statistics.median(arr[i].tolist()), rel=0, abs=1e-12)
+
+
+def many_keys_npz(path, n_keys: int):
+    """One launch of one kernel per graph key, each key its own CUPTI graph id."""
+    i = np.arange(n_keys, dtype=np.int64)
+    np.savez(path, start=1000 + 10 * i, end=1005 + 10 * i, stream_id=np.full(n_keys, 7, np.int32),
+             graph_id=(i + 1).astype(np.int32), graph_node_id=i, correlation_id=i + 1, name_id=np.zeros(n_keys, np.int32),
+             names=np.array(["k"]), launch_correlation=np.stack([i + 1, i], axis=1), graph_keys=np.array([f"g/{k}" for k in range(n_keys)]),
+             exec_handles=i + 100)
+    return path
+
+
+def test_many_graph_keys_take_one_pass(tmp_path, monkeypatch):
+    """100k graph keys took 80 s: a pass over every kernel per key. Now the work per key is O(1):
+    np.isin (the per-key pass) is called a fixed number of times, whatever the number of keys."""
+    calls = []
+    real_isin = np.isin
+    monkeypatch.setattr(np, "isin", lambda *a, **k: calls.append(1) or real_isin(*a, **k))
+    t = read_trace(many_keys_npz(tmp_path / "many.npz", 3000), progress=False)
+    assert len(calls) <= 3
+    assert len(t.graphs) == 3000 and len(t) == 3000
+    assert [g.graph_id for g in t.graphs] == list(range(1, 3001))
+    assert [t.graphs[g].label for g in t.graph.tolist()] == [f"g/{k}" for k in range(3000)]
+    assert [g.exec_handle for g in t.graphs[:3]] == [100, 101, 102]
+
+
+def test_limits_apply_to_raw_cupti(tmp_path):
+    p = many_keys_npz(tmp_path / "m.npz", 50)
+    with pytest.raises(TraceError, match="graphs"):
+        read_trace(p, progress=False, limits=ReadLimits(max_graphs=10))
+    with pytest.raises(TraceError, match="kernel records"):
+        read_trace(p, progress=False, limits=ReadLimits(max_kernels=10))
+    with pytest.raises(TraceError, match="names"):
+        read_trace(RAW, progress=False, limits=ReadLimits(max_names=5))

@@ -9,7 +9,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from graphmon.formats.read import read_trace, write_trace
+from graphmon.formats.read import ReadLimits, read_trace, write_trace
+from graphmon.model.trace import TraceError
 
 from tracefiles import KINETO, annotation, assert_same_trace, kernel, launch, us_str_to_ns, without, write_json
 
@@ -149,3 +150,38 @@ def test_synthetic_unicode_and_surrogate_names(tmp_path):
     p = tmp_path / "u.graphmon.npz"
     write_trace(t, p)
     assert read_trace(p, progress=False).names == t.names
+
+
+# ---------------------------------------------------------------------------- issue 18: limits, old categories, memops
+def test_record_function_ranges_have_a_limit(tmp_path):
+    ev = [annotation(10 * i, 5, f"r{i % 3}") for i in range(50)] + [launch(1, 3), kernel(10, corr=3)]
+    p = write_json(tmp_path / "ranges.json", ev)
+    with pytest.raises(TraceError, match=r"more than 20 record_function ranges \(limit\)"):
+        read_trace(p, progress=False, limits=ReadLimits(max_ranges=20))
+    assert len(read_trace(p, progress=False, limits=ReadLimits(max_ranges=50))) == 1
+
+
+def test_torch_1_9_categories_are_read(tmp_path):
+    """torch <= 1.9 wrote cat "Kernel" / "Runtime" / "Memcpy"; the same trace as today's names."""
+    new = [annotation(0, 1000, "step"), launch(100, 7), kernel(200, corr=7, name="a"), kernel(203, corr=7, stream=8, name="b"),
+           {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "pid": 0, "tid": 7, "ts": 206, "dur": 0.5, "args": {"correlation": 7}}]
+    old = json.loads(json.dumps(new).replace('"kernel"', '"Kernel"').replace('"cuda_runtime"', '"Runtime"').replace('"gpu_memcpy"', '"Memcpy"'))
+    a = read_trace(write_json(tmp_path / "new.json", new), progress=False)
+    b = read_trace(write_json(tmp_path / "old.json", old), progress=False)
+    assert len(b) == 2 and b.n_launches == 1 and b.labels == ("step",)
+    assert_same_trace(a, b, meta=False)
+    assert a.meta["graph_memops"] == b.meta["graph_memops"] == {"memcpy": 1, "memcpy_ns": 500, "memset": 0, "memset_ns": 0}
+
+
+def test_no_kernels_names_the_categories_seen(tmp_path):
+    ev = [{"ph": "X", "cat": "GpuKernelThing", "name": "k", "ts": i, "dur": 1} for i in range(3)] + [launch(1, 2)]
+    with pytest.raises(TraceError, match=r"categories seen: 'GpuKernelThing' \(3\)"):
+        read_trace(write_json(tmp_path / "cats.json", ev), progress=False)
+
+
+def test_graph_memops_are_counted_apart_from_kernels(tmp_path):
+    memset = {"ph": "X", "cat": "gpu_memset", "name": "Memset", "pid": 0, "tid": 7, "ts": 5, "dur": 2, "args": {"correlation": 3}}
+    eager = dict(memset, args={"correlation": 99})  # not a graph launch's: not counted
+    t = read_trace(write_json(tmp_path / "m.json", [launch(1, 3), kernel(10, corr=3), memset, eager]), progress=False)
+    assert len(t) == 1
+    assert t.meta["graph_memops"] == {"memcpy": 0, "memcpy_ns": 0, "memset": 1, "memset_ns": 2000}
