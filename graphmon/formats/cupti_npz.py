@@ -42,7 +42,7 @@ def read_cupti_npz(path: str, arrays: dict[str, np.ndarray], limits: ReadLimits 
         raise TraceError("graph_keys must be a 1-D string array")
     if names_arr is None or names_arr.dtype.kind != "U" or names_arr.ndim != 1:
         raise TraceError("names must be a 1-D string array")
-    check_counts(limits, kernels=max(n, len(lc)), names=len(names_arr), graphs=len(keys_arr))
+    check_counts(limits, kernels=n, names=len(names_arr), graphs=len(keys_arr))
     check_counts(limits, streams=len(np.unique(cols["stream_id"])))
     keys = [clean_text(str(s)) for s in keys_arr.tolist()]
     exec_handles = require_int(arrays, "exec_handles")
@@ -64,6 +64,8 @@ def read_cupti_npz(path: str, arrays: dict[str, np.ndarray], limits: ReadLimits 
     lo, hi = int(corr.min()), int(corr.max())
     in_window = (lc[:, 0] >= lo) & (lc[:, 0] <= hi)
     lcw = lc[in_window]
+    if len(lcw) > limits.max_kernels:
+        raise TraceError(f"more than {limits.max_kernels} graph launches (limit)")
 
     # CUPTI graph id of each key, from its launches' kernels: one sort, not a pass per key
     # (100k keys took 80 s that way).

@@ -92,6 +92,26 @@ class JsonStream:
                 return ""
             self._fill()
 
+    def members(self):
+        """Walk the object whose '{' was just read, through its '}': yield each key with the
+        stream at the key's value, which the caller must consume before the next key."""
+        if self.peek() == "}":
+            self.pos += 1
+            return
+        while True:
+            key = self.value()
+            if type(key) is not str:
+                raise TraceError(f"invalid JSON at {self.where()}: object key is not a string")
+            self.expect(":")
+            yield key
+            if self.expect(",}") == "}":
+                return
+
+    def end(self) -> None:
+        """Refuse anything but whitespace after the document."""
+        if self.peek() != "":
+            raise TraceError(f"invalid JSON at {self.where()}: extra data after the document")
+
     def items(self, cap: int, what: str):
         """Yield the elements of the array that starts here, refusing element ``cap + 1`` (so a
         list of millions of tiny strings is stopped before it is built)."""

@@ -342,28 +342,18 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
             found = True
             _events(js, builder)
         else:
-            if js.peek() == "}":
-                js.pos += 1
-            else:
-                while True:
-                    key = js.value()
-                    if type(key) is not str:
-                        raise TraceError(f"invalid JSON at {js.where()}: object key is not a string")
-                    js.expect(":")
-                    if key == "traceEvents":
-                        if js.peek() != "[":
-                            raise TraceError("traceEvents is not a list")
-                        js.pos += 1
-                        found = True
-                        _events(js, builder)
-                    elif key in _META_KEYS or key == "deviceProperties":
-                        top[key] = js.value()
-                    else:
-                        js.value()  # decoded (bounded by max_event_bytes) and dropped
-                    if js.expect(",}") == "}":
-                        break
-        if js.peek() != "":
-            raise TraceError(f"invalid JSON at {js.where()}: extra data after the document")
+            for key in js.members():
+                if key == "traceEvents":
+                    if js.peek() != "[":
+                        raise TraceError("traceEvents is not a list")
+                    js.pos += 1
+                    found = True
+                    _events(js, builder)
+                elif key in _META_KEYS or key == "deviceProperties":
+                    top[key] = js.value()
+                else:
+                    js.value()  # decoded (bounded by max_event_bytes) and dropped
+        js.end()
         if gzipped:
             binary.close()
     if not found:

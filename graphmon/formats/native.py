@@ -90,22 +90,9 @@ def _parse_meta(raw: bytes, limits: ReadLimits) -> dict[str, Any]:
     caps = {"names": (limits.max_names, "kernel names"), "labels": (limits.max_names, "launch labels"), "graphs": (limits.max_graphs, "graphs")}
     out: dict[str, Any] = {}
     js.expect("{")
-    if js.peek() == "}":
-        js.pos += 1
-    else:
-        while True:
-            key = js.value()
-            if type(key) is not str:
-                raise TraceError("meta_json: object key is not a string")
-            js.expect(":")
-            if key in caps and js.peek() == "[":
-                out[key] = list(js.items(*caps[key]))
-            else:
-                out[key] = js.value()
-            if js.expect(",}") == "}":
-                break
-    if js.peek() != "":
-        raise TraceError("meta_json: extra data after the object")
+    for key in js.members():
+        out[key] = list(js.items(*caps[key])) if key in caps and js.peek() == "[" else js.value()
+    js.end()
     return out
 
 

@@ -21,6 +21,7 @@ so. Rows are streamed with ``fetchmany`` into numpy chunks; nothing holds a Pyth
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,12 +43,13 @@ _LAUNCH_PATTERNS = ("cudaGraphLaunch%", "cuGraphLaunch%")
 def read_nsys(path: str, limits: ReadLimits) -> Trace:
     try:
         # immutable: no locks, no journal, never a write (the file may be on a read-only mount)
-        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        # as_uri percent-encodes the path: a '?' or '#' in a file name would end it otherwise
+        con = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as e:
         raise TraceError(f"cannot open SQLite file: {e}") from None
     try:
         return _read(con, path, limits)
-    except sqlite3.DatabaseError as e:
+    except sqlite3.Error as e:  # "file is not a database", "database disk image is malformed", ...
         raise TraceError(f"bad SQLite file: {e}") from None
     finally:
         con.close()

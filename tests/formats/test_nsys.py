@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from graphmon.analysis.replays import analyze
 from graphmon.cli import main
@@ -129,6 +131,12 @@ def test_missing_columns_and_tables_are_named(tmp_path):
         read_trace(r, progress=False)
 
 
+def test_odd_file_names(tmp_path, nsys_trace):
+    p = tmp_path / "a?b#c %20.sqlite"
+    shutil.copy(NSYS, p)
+    assert len(read_trace(p, progress=False)) == len(nsys_trace)
+
+
 def test_non_integer_rows_are_counted(tmp_path, nsys_trace):
     p = tmp_path / "bad.sqlite"
     shutil.copy(NSYS, p)
@@ -157,3 +165,21 @@ def test_cli_analyze_and_compare(capsys):
     assert main(["analyze", str(PIPIT), "--format", "json"]) == 0
     assert main(["compare", str(NSYS), str(NSYS)]) == 0
     assert "no regression" in capsys.readouterr().out
+
+
+@settings(max_examples=30, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.binary(min_size=1, max_size=16)), min_size=1, max_size=6))
+def test_damaged_exports_give_a_trace_or_one_line(ops, tmp_path_factory):
+    """Bytes overwritten anywhere in a real export: a Trace, or a TraceError naming the file."""
+    data = bytearray(PIPIT.read_bytes())
+    for where, payload in ops:
+        i = max(100, int(where * len(data)))  # keep the magic header: the SQLite reader's input
+        data[i : i + len(payload)] = payload
+    p = tmp_path_factory.mktemp("fuzz") / "x.sqlite"
+    p.write_bytes(bytes(data))
+    try:
+        t = read_trace(p, progress=False)
+    except TraceError as e:
+        assert str(e).startswith(f"{p}: ") and "\n" not in str(e)
+    else:
+        assert t.meta["format"] == "nsys-sqlite" and len(t) == len(t.end_ns)
