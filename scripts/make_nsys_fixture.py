@@ -3,7 +3,9 @@
 The output has the tables and columns ``nsys export --type sqlite`` writes for CUDA traces
 (``StringIds``, ``EXPORT_META_DATA``, ``CUPTI_ACTIVITY_KIND_KERNEL``, ``CUPTI_ACTIVITY_KIND_RUNTIME``),
 filled from a subset of shared/traces/h200-cupti-decode-v1.npz: the first ``--replays`` traced
-replays of every graph key. Kernel times get the same +1 s offset as graphmon's raw CUPTI reader
+replays of each graph key in ``--keys`` (default: the bs1 decode graph, uploaded and lazy;
+10 replays each: with fewer, ``graphmon compare``'s Mann-Whitney test cannot reach p < 0.01
+after its Bonferroni correction even for a uniform +320 ns). Kernel times get the same +1 s offset as graphmon's raw CUPTI reader
 (formats.cupti_npz.RAW_CUPTI_OFFSET_NS), so both readers give identical kernel columns.
 
 What the probe did not record is written as nsys writes "unknown": the runtime rows' CPU
@@ -11,7 +13,7 @@ timestamps are 0 (the probe kept no CPU time per launch), ``globalTid``/``global
 ``--no-graph-columns`` writes the older schema without ``graphId`` (nsys 2022 exports, e.g.
 schema 2.9.1), for the reader's fallback to the launch correlation.
 
-    .venv/bin/python scripts/make_nsys_fixture.py [--replays 4] [--out tests/data/h200-cupti-decode-subset.nsys.sqlite]
+    .venv/bin/python scripts/make_nsys_fixture.py [--replays 10] [--keys K1,K2] [--out tests/data/h200-cupti-decode-subset.nsys.sqlite]
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (
 """
 
 
-def write_fixture(raw: Path, out: Path, replays: int = 4, graph_columns: bool = True) -> int:
+DEFAULT_KEYS = ("decode_bs1/upload", "decode_bs1/no_upload")
+
+
+def write_fixture(raw: Path, out: Path, replays: int = 10, graph_columns: bool = True, keys_wanted=DEFAULT_KEYS) -> int:
     z = np.load(raw, allow_pickle=False)
     corr = z["correlation_id"].astype(np.int64)
     lc = z["launch_correlation"].astype(np.int64)
@@ -59,6 +64,8 @@ def write_fixture(raw: Path, out: Path, replays: int = 4, graph_columns: bool = 
     traced = np.unique(corr)
     chosen = []
     for i in range(len(keys)):
+        if keys[i] not in keys_wanted:
+            continue
         mine = lc[(lc[:, 1] == i) & np.isin(lc[:, 0], traced), 0]
         chosen.extend(np.sort(mine)[:replays].tolist())
     sel = np.flatnonzero(np.isin(corr, chosen))
@@ -104,11 +111,12 @@ def write_fixture(raw: Path, out: Path, replays: int = 4, graph_columns: bool = 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--raw", default=str(RAW))
-    ap.add_argument("--replays", type=int, default=4, help="traced replays per graph key (default 4)")
+    ap.add_argument("--replays", type=int, default=10, help="traced replays per graph key (default 10)")
+    ap.add_argument("--keys", default=",".join(DEFAULT_KEYS), help="graph keys to include (comma-separated)")
     ap.add_argument("--no-graph-columns", action="store_true", help="older schema: no graphId column")
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "h200-cupti-decode-subset.nsys.sqlite"))
     args = ap.parse_args()
-    n = write_fixture(Path(args.raw), Path(args.out), args.replays, not args.no_graph_columns)
+    n = write_fixture(Path(args.raw), Path(args.out), args.replays, not args.no_graph_columns, tuple(args.keys.split(",")))
     print(f"wrote {args.out}: {n} kernels ({os.path.getsize(args.out)} bytes)")
     return 0
 

@@ -3,6 +3,7 @@ fixture written from the H200 CUPTI records, checked against the raw CUPTI reade
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -67,20 +68,20 @@ def test_real_nsys_export_from_pipit():
 
 
 def test_fixture_matches_raw_cupti_reader(nsys_trace, raw_subset):
-    assert len(nsys_trace) == len(raw_subset) == 23_360
+    assert len(nsys_trace) == len(raw_subset) == 10 * 2 * 960
     a = np.lexsort((nsys_trace.start_ns, nsys_trace.stream))
     b = np.lexsort((raw_subset.start_ns, raw_subset.stream))
     for col in ("start_ns", "end_ns", "stream", "correlation_id", "graph_id", "graph_node_id"):
         np.testing.assert_array_equal(getattr(nsys_trace, col)[a], getattr(raw_subset, col)[b], err_msg=col)
     assert [nsys_trace.names[i] for i in nsys_trace.name_id[a]] == [raw_subset.names[i] for i in raw_subset.name_id[b]]
-    assert nsys_trace.n_launches == 24 and (nsys_trace.launches["graph"] >= 0).all()
+    assert nsys_trace.n_launches == 20 and (nsys_trace.launches["graph"] >= 0).all()
     assert nsys_trace.meta["graph_identity"] == "graphId" and "missing_columns" not in nsys_trace.meta
 
 
 def test_same_per_stream_statistics_as_the_raw_reader(nsys_trace, raw_subset):
     gaps_n, reps_n = stream_stats(nsys_trace)
     gaps_r, reps_r = stream_stats(raw_subset)
-    assert len(gaps_n) == 4 * 4 + 2  # 4 decode graphs x 4 streams + 2 chain graphs x 1 stream
+    assert len(gaps_n) == 2 * 4  # 2 decode graphs (uploaded, lazy) x 4 streams
     assert gaps_n == gaps_r
     assert reps_n == reps_r
 
@@ -94,8 +95,8 @@ def test_old_schema_falls_back_to_launch_correlation(tmp_path, raw_subset):
     assert t.meta["graph_identity"].startswith("launch correlation")
     assert (t.graph_id == 0).all() and (t.graph >= 0).all()
     # Without graphId, graphs are told apart by replay signature (kernel names, stream count, label):
-    # the uploaded and lazy captures of one shape are the same signature, so 6 keys become 3 graphs.
-    assert all(g.key.startswith("sig:") for g in t.graphs) and len(t.graphs) == 3
+    # the uploaded and lazy captures of one shape are the same signature, so 2 keys become 1 graph.
+    assert all(g.key.startswith("sig:") for g in t.graphs) and len(t.graphs) == 1
     # every gap is still there, with the same value
     got = np.sort(analyze(t).gaps.values)
     want_gaps, _ = stream_stats(raw_subset)
@@ -159,12 +160,40 @@ def test_limits_apply(nsys_trace):
         read_trace(NSYS, progress=False, limits=ReadLimits(max_decompressed_bytes=1 << 20))
 
 
+def widened(tmp_path, graph_id: int, step_ns: int):
+    """A copy of the fixture where every kernel of one graph starts step_ns later than the one
+    before it on its stream did (each gap + step_ns), as the seed's upload regression did."""
+    p = tmp_path / "wide.sqlite"
+    shutil.copy(NSYS, p)
+    with sqlite3.connect(p) as con:
+        rows = con.execute("SELECT rowid, correlationId, streamId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphId = ? "
+                           "ORDER BY correlationId, streamId, start", (graph_id,)).fetchall()
+        upd, prev, k = [], None, 0
+        for rowid, c, s in rows:
+            k = k + 1 if (c, s) == prev else 0
+            prev = (c, s)
+            upd.append((step_ns * k, step_ns * k, rowid))
+        con.executemany("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + ?, end = end + ? WHERE rowid = ?", upd)
+    return p
+
+
+def test_cli_compare_flags_a_widened_nsys_export(tmp_path, capsys, nsys_trace):
+    gid = next(g.graph_id for g in nsys_trace.graphs if g.graph_id > 0 and len(np.unique(nsys_trace.stream[nsys_trace.graph_id == g.graph_id])) == 4)
+    assert main(["compare", str(NSYS), str(widened(tmp_path, gid, 320)), "--format", "json"]) == 1  # 1 = regression
+    rows = json.loads(capsys.readouterr().out)["streams"]
+    verdicts = {(r["graph"], r["stream_baseline"]): r["verdict"] for r in rows}
+    assert len(verdicts) == 8
+    assert {v for (g, _), v in verdicts.items() if g == f"g{gid}"} == {"regression"}  # every stream of the widened graph
+    assert {v for (g, _), v in verdicts.items() if g != f"g{gid}"} == {"unchanged"}
+
+
 def test_cli_analyze_and_compare(capsys):
     assert main(["analyze", str(NSYS)]) == 0
-    assert "24 replays" in capsys.readouterr().out
+    assert "20 replays" in capsys.readouterr().out
     assert main(["analyze", str(PIPIT), "--format", "json"]) == 0
     assert main(["compare", str(NSYS), str(NSYS)]) == 0
-    assert "no regression" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no regression" in out and "insufficient" not in out
 
 
 @settings(max_examples=30, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
