@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from graphmon.formats.native import write_trace
 from graphmon.model.trace import GraphInfo, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def main() -> None:
     trace = trace_for_series(n_graphs)
     # The server runs in its own process (as in production), so scraper threads don't share its GIL.
     tmp = Path(tempfile.mkdtemp()) / "bench.graphmon.npz"
-    trace.save(tmp)
+    write_trace(trace, tmp)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(tmp), "--port", str(port),
                              "--window-interval-s", str(args.window_interval_s), "--speed", "0.05"], stderr=subprocess.DEVNULL)

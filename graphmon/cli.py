@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
-    a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], or raw CUPTI .npz")
+    a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], raw CUPTI .npz, or Nsight Systems .sqlite export")
     a.add_argument("--format", choices=("table", "json"), default="table")
     a.add_argument("--by", choices=("graph", "stream", "boundary"), default="graph",
                    help="boundary: the widest kernel boundaries of each graph")

@@ -41,6 +41,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from graphmon.formats.native import write_trace
 from graphmon.model.trace import Trace, TraceError, concat
 
 INSTANCE_SEP = "#"  # graph label of an instance inside tracing windows: "<arm>#<instance>"
@@ -332,7 +333,7 @@ def save_raw(arms: Sequence[ArmData], directory: str | os.PathLike, meta: Mappin
         if a.traced_step_us is not None:
             arrays[f"traced_step_us__{a.name}"] = a.traced_step_us
         if a.trace is not None:
-            a.trace.save(os.path.join(directory, f"trace-{a.name}.graphmon.npz"))
+            write_trace(a.trace, os.path.join(directory, f"trace-{a.name}.graphmon.npz"))
     np.savez_compressed(os.path.join(directory, "ab-raw.npz"), **arrays)
     with open(os.path.join(directory, "ab-meta.json"), "w") as fh:
         json.dump({"arms": [a.name for a in arms], **dict(meta or {})}, fh, indent=2, default=str)

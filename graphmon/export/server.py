@@ -203,7 +203,9 @@ def create_app(exporter: "Exporter") -> FastAPI:
         with trace_render_lock:
             if format == "graphmon":
                 buf = io.BytesIO()
-                t.save_to(buf)
+                from graphmon.formats.native import write_trace_to
+
+                write_trace_to(t, buf)
                 return Response(buf.getvalue(), media_type="application/octet-stream",
                                 headers={"Content-Disposition": f'attachment; filename="{trace_id}.graphmon.npz"'})
             from graphmon.formats.chrome import to_chrome_trace

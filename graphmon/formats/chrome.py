@@ -1,5 +1,6 @@
 """A trace window as Chrome / Perfetto trace JSON: one track per (device, stream), kernels as slices.
 
+Kernel names are demangled for display (formats.demangle; mangled when that fails).
 Gaps are the empty space between slices on a track; each slice also carries its gap to the
 previous kernel on the same stream in ``args.gap_ns`` so it shows up when a slice is selected.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphmon.formats.demangle import demangle_all
 from graphmon.model.trace import Trace
 
 
@@ -21,7 +23,8 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
     same = np.r_[False, (dev[1:] == dev[:-1]) & (stream[1:] == stream[:-1])]
     gap = np.where(same, start - np.r_[0, end[:-1]], 0)
     t0 = int(start.min()) if len(start) else 0
-    names = trace.names
+    used = [i for i in np.unique(trace.name_id[idx]).tolist() if 0 <= i < len(trace.names)]  # -1: no name
+    names = dict(zip(used, demangle_all(trace.names[i] for i in used)))
     gnames = trace.graph_names()
     graphs = trace.graph[idx]
     name_ids = trace.name_id[idx]
@@ -37,7 +40,7 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
         events.append({
             "ph": "X",
             "cat": "kernel",
-            "name": names[nid] if 0 <= nid < len(names) else "kernel",
+            "name": names.get(nid, "kernel"),
             "pid": int(dev[i]),
             "tid": int(stream[i]),
             "ts": (int(start[i]) - t0) / 1e3,

@@ -81,7 +81,9 @@ class Recorder:
             meta.update(windows=len(self.traces), observer_slowdown=[s for s in self.observer_slowdowns])
             from dataclasses import replace
 
-            replace(t, meta=meta).save(self.path)
+            from graphmon.formats.native import write_trace
+
+            write_trace(replace(t, meta=meta), self.path)
             self.saved = True
             return self.path
 

@@ -1,6 +1,8 @@
-"""Why a kernel record was excluded: one enum of every reason (stable strings: metric label values).
+"""Why a record was excluded: one enum for every reader, Trace.build and the CUPTI collector.
 
-A ``str`` enum so that a reason is its label value everywhere (dict keys, JSON, Prometheus).
+The values are stable strings: they are the ``reason`` label of ``graphmon_records_invalid_total``
+(a 0 sample exists for each from the start) and the keys of ``Trace.invalid``. ``Trace.invalid``
+stores the plain ``.value`` strings so that JSON, metrics and dict lookups see ordinary str.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from enum import Enum
 
 
 class InvalidReason(str, Enum):
-    # model/trace.py: Trace.build validates every record
-    ZERO_START = "zero_start"
+    # Readers: a field of one record is unusable.
+    MISSING_FIELD = "missing_field"  # a kernel record lacks ts, dur, stream, correlation or device
+    NON_NUMERIC = "non_numeric"  # a number field holds a string, bool, null, NaN, Infinity...
+    NON_INTEGER = "non_integer"  # stream/correlation/device with a fraction
+    OUT_OF_RANGE = "out_of_range"  # does not fit int64 ns (or the device/correlation bounds)
+    BAD_PHASE = "bad_phase"  # a kernel event that is not a complete event (ph != "X")
+    BAD_NAME = "bad_name"  # kernel name present but not a string
+    # Trace.build: the record's times or identity.
+    ZERO_START = "zero_start"  # start == 0: the source had no timestamp
     END_BEFORE_START = "end_before_start"
-    DUPLICATE = "duplicate"
+    DUPLICATE = "duplicate"  # same device, stream, correlation, start and end as a kept record
     NEGATIVE_TIMESTAMP = "negative_timestamp"
-    # sources/cupti/assemble.py: window edges cut replays
+    # CUPTI collector: window edges cut replays (see sources/cupti).
     LAUNCHED_OUTSIDE_WINDOW = "launched_outside_window"
     PARTIAL_REPLAY = "partial_replay"
     NO_CORRELATION = "no_correlation"
     OVERFULL_REPLAY = "overfull_replay"
 
-    def __str__(self) -> str:  # f-strings and str() give the label value, not "InvalidReason.X"
+    def __str__(self) -> str:
         return self.value
+
+
+INVALID_REASONS: tuple[str, ...] = tuple(r.value for r in InvalidReason)

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -27,11 +26,6 @@ from graphmon.model.invalid import InvalidReason
 
 UPLOAD_MODES = ("uploaded", "instantiate_upload", "lazy", "unknown")
 
-# Reasons a kernel record is excluded (stable strings: they are metric label values).
-INVALID_ZERO_START = InvalidReason.ZERO_START.value
-INVALID_END_BEFORE_START = InvalidReason.END_BEFORE_START.value
-INVALID_DUPLICATE = InvalidReason.DUPLICATE.value
-INVALID_NEGATIVE = InvalidReason.NEGATIVE_TIMESTAMP.value
 
 KERNEL_COLUMNS = {
     "start_ns": np.int64,
@@ -51,10 +45,6 @@ LAUNCH_COLUMNS = {
     "stream": np.int64,  # launch stream, -1 unknown
     "label": np.int32,  # index into Trace.labels, -1 none (e.g. a record_function range)
 }
-
-FORMAT_NAME = "graphmon-trace"
-FORMAT_VERSION = 1
-
 
 class TraceError(ValueError):
     """A trace could not be read or built; the message names the problem."""
@@ -192,11 +182,11 @@ class Trace:
                 counts[reason] = counts.get(reason, 0) + k
                 keep = keep & ~m
 
-        exclude((c["start_ns"] < 0) | (c["end_ns"] < 0), INVALID_NEGATIVE)
-        exclude(c["start_ns"] == 0, INVALID_ZERO_START)
-        exclude(c["end_ns"] < c["start_ns"], INVALID_END_BEFORE_START)
+        exclude((c["start_ns"] < 0) | (c["end_ns"] < 0), InvalidReason.NEGATIVE_TIMESTAMP.value)
+        exclude(c["start_ns"] == 0, InvalidReason.ZERO_START.value)
+        exclude(c["end_ns"] < c["start_ns"], InvalidReason.END_BEFORE_START.value)
         if n:
-            exclude(_duplicates(c, keep), INVALID_DUPLICATE)
+            exclude(_duplicates(c, keep), InvalidReason.DUPLICATE.value)
         if not keep.all():
             c = {k: _readonly(v[keep]) for k, v in c.items()}
 
@@ -252,62 +242,6 @@ class Trace:
         for n in names:
             seen[n] = seen.get(n, 0) + 1
         return [f"{g.name}#{g.key}" if seen[g.name] > 1 and g.label else g.name for g in self.graphs]
-
-    # ------------------------------------------------------------------ native format
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the native format to ``path`` atomically (see docs/trace-format.md)."""
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "wb") as fh:
-            self.save_to(fh)
-        os.replace(tmp, path)  # never leave a half-written trace under the real name
-
-    def save_to(self, fh) -> None:
-        """Write the native format (a compressed npz) to a binary file object."""
-        meta = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "names": list(self.names),
-            "labels": list(self.labels),
-            "graphs": [asdict(g) for g in self.graphs],
-            "invalid": dict(self.invalid),
-            "meta": dict(self.meta),
-        }
-        arrays = {f"k_{k}": getattr(self, k) for k in KERNEL_COLUMNS}
-        arrays.update({f"l_{k}": v for k, v in self.launches.items()})
-        arrays["meta_json"] = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
-        np.savez_compressed(fh, **arrays)
-
-    @classmethod
-    def from_native(cls, arrays: Mapping[str, np.ndarray], source: str = "") -> "Trace":
-        try:
-            meta = json.loads(bytes(arrays["meta_json"]).decode())
-        except (KeyError, ValueError, UnicodeDecodeError) as e:
-            raise TraceError(f"not a graphmon trace (bad meta_json: {e})") from None
-        if meta.get("format") != FORMAT_NAME:
-            raise TraceError("not a graphmon trace (format tag missing)")
-        if meta.get("version") != FORMAT_VERSION:
-            raise TraceError(f"unsupported graphmon trace version {meta.get('version')!r}")
-        try:
-            kcols = {k: arrays[f"k_{k}"] for k in KERNEL_COLUMNS}
-            lcols = {k: arrays[f"l_{k}"] for k in LAUNCH_COLUMNS}
-            graphs = [GraphInfo(**g) for g in meta["graphs"]]
-            names, labels = meta["names"], meta["labels"]
-        except KeyError as e:
-            raise TraceError(f"graphmon trace is missing {e.args[0]!r}") from None
-        except TypeError as e:
-            raise TraceError(f"graphmon trace has bad graph metadata: {e}") from None
-        m = dict(meta.get("meta") or {})
-        if source:
-            m.setdefault("source", source)
-        return cls.build(
-            **kcols,
-            names=names,
-            launches=lcols,
-            graphs=graphs,
-            labels=labels,
-            invalid={str(k): int(v) for k, v in (meta.get("invalid") or {}).items()},
-            meta=m,
-        )
 
 
 def concat(traces: Sequence[Trace]) -> Trace:

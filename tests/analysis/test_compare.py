@@ -10,6 +10,7 @@ import pytest
 
 from graphmon.cli import main
 from graphmon.analysis.compare import Thresholds, compare, replay_stream_gaps, shift_test, verdict
+from graphmon.formats.native import write_trace
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace, TraceError
 from helpers import KINETO, NATIVE, WIDEN_NS, half, only, synthetic_trace, widen
@@ -184,7 +185,7 @@ def test_no_match_is_an_error():
 def test_cli_exit_codes_and_json(native, tmp_path, capsys):
     g = native.graph_names().index("decode_bs1/no_upload")
     wide = tmp_path / "wide.graphmon.npz"
-    widen(native, g).save(wide)
+    write_trace(widen(native, g), wide)
     assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
     assert "no regression" in capsys.readouterr().out
     assert main(["compare", str(NATIVE), str(wide), "--format", "json"]) == 1

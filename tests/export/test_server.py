@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from graphmon.export.exporter import Exporter
 from graphmon.settings import Settings
 from graphmon.sources.base import Source
+from graphmon.formats.native import read_native
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
-from graphmon.model.trace import Trace
 
 from helpers import NATIVE, synthetic_trace, window
 
@@ -95,7 +95,7 @@ def test_capture_then_trace_download_is_valid_chrome_json(real_trace):
                 assert b["args"]["gap_ns"] == pytest.approx((b["ts"] - a["ts"] - a["dur"]) * 1e3, abs=1)
         native = c.get(f"/trace/{body['id']}?format=graphmon")
         assert native.status_code == 200
-        t = Trace.from_native(dict(np.load(io.BytesIO(native.content))))
+        t = read_native(dict(np.load(io.BytesIO(native.content))))
         assert len({int(x) for x in t.correlation_id}) == 3
     finally:
         ex.stop()

@@ -1,0 +1,36 @@
+"""The incremental JSON reader: values split across read chunks, the per-value and total caps."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from graphmon.formats.read import ReadLimits, read_trace
+from graphmon.model.trace import TraceError
+
+from tracefiles import kernel, launch, write_json
+
+def test_event_split_across_read_chunks(tmp_path):
+    # > 1 MiB of padding events so kernels straddle the reader's chunk boundaries
+    pad = [{"ph": "i", "cat": "pad", "name": "x" * 1000, "ts": i} for i in range(3000)]
+    ev = [launch(1, 3)] + [e for i in range(500) for e in (pad[i], kernel(10 + i, corr=3, name=f"k{i % 7}"))] + pad[500:]
+    t = read_trace(write_json(tmp_path / "big.json.gz", ev, gz=True), progress=False)
+    assert len(t) == 500
+    assert sorted(t.start_ns.tolist()) == [(10 + i) * 1000 for i in range(500)]
+
+
+def test_decompression_bomb_is_capped(tmp_path):
+    # 64 MiB of whitespace inside the events list compresses to ~64 kB
+    raw = b'{"traceEvents": [' + b" " * (64 << 20) + b"]}"
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(gzip.compress(raw, compresslevel=9))
+    assert p.stat().st_size < 200_000
+    with pytest.raises(TraceError, match="limit"):
+        read_trace(p, progress=False, limits=ReadLimits(max_decompressed_bytes=8 << 20))
+
+
+def test_one_huge_event_is_capped(tmp_path):
+    p = write_json(tmp_path / "h.json", [kernel(10, name="x" * (3 << 20))])
+    with pytest.raises(TraceError, match="larger than"):
+        read_trace(p, progress=False, limits=ReadLimits(max_event_bytes=1 << 20))
