@@ -10,6 +10,7 @@ import pytest
 
 from graphmon.analysis.boundaries import attribute
 from graphmon.cli import main
+from graphmon.formats.native import write_trace
 from graphmon.formats.read import read_trace
 from graphmon.report.plots_compare import FLOOR_NS, TICK_NS, compare_panels, ecdf
 from helpers import KINETO, NATIVE, WIDEN_NS, widen, widen_at
@@ -26,7 +27,7 @@ def native():
 @pytest.fixture(scope="module")
 def uniform_file(native, tmp_path_factory):
     p = tmp_path_factory.mktemp("plots") / "uniform.graphmon.npz"
-    widen(native, native.graph_names().index(GRAPH)).save(p)
+    write_trace(widen(native, native.graph_names().index(GRAPH)), p)
     return p
 
 
@@ -87,7 +88,7 @@ def test_compare_plot_png(native, tmp_path, capsys):
     big = [(x, y) for s in rows[1][0].series for x, y in zip(s.x, s.y) if y > 0]
     assert len(big) == 3 and all(y == 5_000 for _, y in big)
     path = tmp_path / "c.graphmon.npz"
-    cur.save(path)
+    write_trace(cur, path)
     out = tmp_path / "cmp.png"
     assert main(["compare", str(NATIVE), str(path), "--plot", str(out)]) == 0  # no stream-level regression...
     text = capsys.readouterr().out
