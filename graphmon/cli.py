@@ -215,17 +215,24 @@ def _command_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from graphmon.host.attach import run_command
+    from graphmon.host.launch import run_command
 
     return run_command(_command_argv(args), _attach_settings(args))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from graphmon.host.attach import record_command
+    from graphmon.host.launch import record_command
 
     if args.windows < 0:
         raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
     return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from graphmon.host.launch import agent_command
+
+    _settings_from_args(args)  # bad flags: one error line, before anything starts
+    return agent_command(_attach_settings(args), socket_path=args.socket)
 
 
 def _source_defaults() -> dict:
@@ -253,7 +260,7 @@ def _add_attach_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
-    p.add_argument("--port", type=int, help="port (default 9464; env GRAPHMON_PORT)")
+    p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
     p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
     if replay:
         p.add_argument("--window-interval-s", type=float,
@@ -290,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attach_flags(rn)
     rn.set_defaults(func=_cmd_run)
 
+    ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
+    _add_server_flags(ag, replay=False)
+    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
+                    "temporary directory; use a shared volume for a sidecar)")
+    ag.set_defaults(func=_cmd_agent, interval_s=None, window_launches=None, window_duration_ms=None,
+                    max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file")
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
