@@ -116,7 +116,8 @@ class Agent:
             store = TraceStore(self.settings.trace_store_count, self.settings.trace_store_bytes)
             box: dict = {}
             agg = Aggregator(rank=rank, max_graphs=self.settings.max_graphs, max_streams=self.settings.max_streams,
-                             trace_store=store, health=lambda: box["a"].health(), backend_info=proc.info)
+                             trace_store=store, backend_info=proc.info,
+                             health=lambda: box["a"].health() if "a" in box else proc.health())
             a = Attached(key=key, proc=proc, aggregator=agg, store=store, rank=rank)
             box["a"] = a
             if self.recorder_factory is not None:
@@ -192,8 +193,6 @@ class Agent:
                 a.no_windows_counted = True
                 a.degraded = f"no_windows: no window for {now - since:.0f} s ({NO_WINDOW_INTERVALS} intervals)"
                 self.empty_total["no_windows"][a.rank] = self.empty_total["no_windows"].get(a.rank, 0) + 1
-            if a.rank != p.identity.get("rank", a.rank) and p.identity.get("rank"):
-                pass  # rank is fixed at hello (series must not change labels mid-flight)
             a.aggregator.refresh_if_changed()
 
     # ------------------------------------------------------------------ read side (HTTP)
