@@ -243,6 +243,7 @@ class CuptiSource(Source):
         self._discarded = 0
         self._names: dict[str, int] = {}
         self._outstanding = 0
+        self._outstanding_at_open = 0
         self._ingest_s = 0.0
         self._ingest_records = 0
 
@@ -456,6 +457,10 @@ class CuptiSource(Source):
         self._set_launch_cb(True)
         started = wall_time()
         t0 = time.perf_counter()
+        # Buffers this window may hold: counted from here. A buffer CUPTI asked for and gave back
+        # with no completion call (nothing to deliver) would otherwise count for ever, and once
+        # max_buffers of them had leaked every window closed at once with no record (issue 12).
+        self._outstanding_at_open = self._outstanding
         c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
         self._launch_count = 0
         self._in_window = True  # after enabling: every launch the window takes is traced
@@ -519,7 +524,7 @@ class CuptiSource(Source):
             if self._launch_count >= n_target or time.perf_counter() >= deadline:
                 return
             if self._phase == "win" or self._phase == "untimed":
-                if self._outstanding >= self.max_buffers:
+                if self._outstanding - self._outstanding_at_open >= self.max_buffers:
                     self.count_error("buffers_full")  # close early: bounded memory
                     return
             time.sleep(step)
