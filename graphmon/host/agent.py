@@ -93,16 +93,6 @@ class Agent:
         self.listener.close()
         self._monitor.join(timeout_s)
 
-    def stop_processes(self) -> None:
-        """Ask every attached process to stop sampling (record mode: enough windows)."""
-        from graphmon.model.wire import encode_message
-
-        for a in list(self.processes.values()):
-            try:
-                a.proc.send(encode_message("stop"))
-            except OSError:
-                pass
-
     # ------------------------------------------------------------------ listener callbacks
     def _unique_rank(self, rank: str, pid: int) -> str:
         # Two live processes claiming one rank would give duplicate series (a failed scrape).
@@ -111,8 +101,10 @@ class Agent:
 
     def _on_connect(self, proc: RemoteProcess) -> None:
         with self._lock:
-            key = f"p{proc.peer_pid}"
-            rank = self._unique_rank(proc.identity.get("rank", "") or f"pid{proc.peer_pid}", proc.peer_pid)
+            # the pid the process names (same uid as the agent: checked); the socket's peer pid otherwise
+            pid = int(proc.identity["pid"]) if proc.identity.get("pid", "").isdigit() else proc.peer_pid
+            proc.key = key = f"p{pid}"
+            rank = self._unique_rank(proc.identity.get("rank", "") or f"pid{pid}", pid)
             store = TraceStore(self.settings.trace_store_count, self.settings.trace_store_bytes)
             box: dict = {}
             agg = Aggregator(rank=rank, max_graphs=self.settings.max_graphs, max_streams=self.settings.max_streams,
@@ -121,7 +113,7 @@ class Agent:
             a = Attached(key=key, proc=proc, aggregator=agg, store=store, rank=rank)
             box["a"] = a
             if self.recorder_factory is not None:
-                a.recorder = self.recorder_factory(a.identity())
+                a.recorder = self.recorder_factory({**proc.identity, **a.identity()})
             old = self.processes.get(key)
             if old is not None and old.gone_s is None:
                 old.proc.close("replaced by a new connection of the same pid")
@@ -135,7 +127,7 @@ class Agent:
         self._changed.set()
 
     def _on_close(self, proc: RemoteProcess) -> None:
-        a = self.processes.get(f"p{proc.peer_pid}")
+        a = self.processes.get(getattr(proc, "key", ""))
         if a is None or a.proc is not proc:
             return
         a.gone_s = time.time()
@@ -159,6 +151,12 @@ class Agent:
         if a.recorder is not None:
             try:
                 a.recorder(w)
+                done = getattr(a.recorder, "done", None)
+                if done is not None and done.is_set() and not a.extra.get("stop_sent"):
+                    a.extra["stop_sent"] = True  # enough windows from this process: it stops sampling
+                    from graphmon.model.wire import encode_message
+
+                    a.proc.send(encode_message("stop"))
             except Exception:
                 self.errors["record"] = self.errors.get("record", 0) + 1
         self._changed.set()

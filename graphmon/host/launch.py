@@ -180,24 +180,17 @@ def record_command(argv: Sequence[str], output: str, windows: int = 0, settings:
     saves them (one file per rank when there are several) when N windows came or at exit."""
     output = os.path.abspath(output)
     recorders: list[Recorder] = []
-    agent_box: dict = {}
 
-    def factory(ident: dict):
-        # one process without a launcher-given rank: the file named; else one file per rank
+    def factory(ident: dict) -> Recorder:
+        # one process without a launcher-given rank: the file named; else one file per rank.
+        # The agent tells a process to stop sampling once its recorder has N windows.
         ranked = ident.get("rank_source", "pid") != "pid" or recorders
         rec = Recorder(rank_path(output, ident.get("rank", "")) if ranked else output, windows)
         recorders.append(rec)
-        if windows:
-            def stop_when_done():
-                rec.done.wait()
-                if "agent" in agent_box:
-                    agent_box["agent"].stop_processes()
-            threading.Thread(target=stop_when_done, name="graphmon-record-stop", daemon=True).start()
         return rec
 
     try:
-        return run_command(argv, settings, recorder_factory=factory, serve=False,
-                           ready=lambda agent, port: agent_box.setdefault("agent", agent))
+        return run_command(argv, settings, recorder_factory=factory, serve=False)
     finally:
         for rec in recorders:
             path = rec.save()
