@@ -74,3 +74,15 @@ def half(trace: Trace, which: int) -> Trace:
         rows = rows[np.argsort(r.first_start_ns[rows])]
         keep_corr.append(r.correlation_id[np.array_split(rows, 2)[which]])
     return trace.select(np.isin(trace.correlation_id, np.concatenate(keep_corr)) & (trace.graph >= 0))
+
+
+def wait_until(pred, timeout=5.0, step_s=0.01):
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds passed (False)."""
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return False

@@ -152,10 +152,10 @@ class Link:
             self._thread = threading.Thread(target=self._run, name="graphmon-link", daemon=True)
             self._thread.start()
 
-    def send_window(self, w: Window) -> None:
+    def send_window(self, w: Window, status: Optional[dict] = None) -> None:
         from graphmon.model.wire import encode_window
 
-        data = encode_window(w)
+        data = encode_window(w, status=status)
         with self._lock:
             if len(self.queue) >= self.max_queue:
                 self.queue.popleft()  # the newest window is the most useful one: drop the oldest
@@ -199,7 +199,7 @@ class Link:
         self._sock = s
         from graphmon.model.wire import encode_message
 
-        s.sendall(encode_message("hello", identity=self._hello()))
+        s.sendall(encode_message("hello", identity=self._hello(), status=self._safe_status()))
         self.stats["connected"] = 1
 
     def _close(self) -> None:
@@ -227,6 +227,7 @@ class Link:
                     break
                 s.sendall(data)
                 self.stats["windows_sent"] += 1
+                next_hb = 0.0  # the state that goes with the window: at once
             now = time.monotonic()
             if stopping:
                 s.sendall(encode_message("bye", status=self._safe_status()))
@@ -301,7 +302,7 @@ class LightCollector:
         self.windows += 1
         if len(w.trace) == 0 and w.trace.n_launches > 0:
             self.empty_windows += 1
-        self.link.send_window(w)
+        self.link.send_window(w, status=self._status())
 
     def start(self, subscribe_wait_s: float = 5.0) -> None:
         """Start collecting; wait (bounded) until CUPTI is subscribed, so that the graph whose

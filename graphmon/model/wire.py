@@ -55,8 +55,9 @@ def encode_message(kind: str, **fields: Any) -> bytes:
     return frame({"type": kind, "v": WIRE_VERSION, **fields})
 
 
-def encode_window(w: Window) -> bytes:
-    """A window as one frame. Copies each column once (tobytes); no Python object per record."""
+def encode_window(w: Window, status: Optional[Mapping[str, Any]] = None) -> bytes:
+    """A window as one frame. Copies each column once (tobytes); no Python object per record.
+    ``status``: the sender's state at this window (small JSON), so the two arrive together."""
     t = w.trace
     cols, bufs = [], []
     for part, name, dt in _COLS:
@@ -72,6 +73,8 @@ def encode_window(w: Window) -> bytes:
         "started_s": float(w.started_s), "ended_s": float(w.ended_s), "dropped": int(w.dropped),
         "observer_slowdown": w.observer_slowdown, "capture_id": w.capture_id,
     }
+    if status is not None:
+        header["status"] = dict(status)
     return frame(header, bufs)
 
 

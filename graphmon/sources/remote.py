@@ -82,6 +82,8 @@ class RemoteProcess(Source):
             return SourceHealth(up=False, state="lost", reason=self.closed_reason or "connection lost",
                                 errors=dict(st.get("errors") or {}))
         state = str(st.get("state") or "starting")
+        if state not in STATES:
+            state = "error"  # a bounded label set, whatever a sender says
         return SourceHealth(up=state == "running", state=state, reason=str(st.get("reason") or "")[:200],
                             errors={str(k): int(v) for k, v in (st.get("errors") or {}).items()
                                     if isinstance(v, int)})
@@ -106,14 +108,13 @@ class RemoteProcess(Source):
     def handle(self, header: dict, payload) -> None:
         kind = header["type"]
         self.last_heard_s = time.time()
-        if kind in ("hello", "heartbeat", "bye"):
-            ident = header.get("identity")
-            if isinstance(ident, dict):
-                self.identity = {str(k)[:64]: str(v)[:256] for k, v in list(ident.items())[:64]}
-            st = header.get("status")
-            if isinstance(st, dict):
-                self.status = st
-        elif kind == "window":
+        ident = header.get("identity")
+        if isinstance(ident, dict) and kind != "window":
+            self.identity = {str(k)[:64]: str(v)[:256] for k, v in list(ident.items())[:64]}
+        st = header.get("status")
+        if isinstance(st, dict) and len(st) <= 64:
+            self.status = st
+        if kind == "window":
             w = decode_window(header, payload)
             self.windows += 1
             self.last_window_s = w.ended_s

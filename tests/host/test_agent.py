@@ -20,16 +20,11 @@ from graphmon.model.window import Window
 from graphmon.model.wire import encode_message, encode_window
 from graphmon.settings import Settings
 
+from helpers import wait_until
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _until(pred, timeout=5.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 class Client:
@@ -59,7 +54,7 @@ def agent():
 
 
 def _proc(agent):
-    assert _until(lambda: bool(agent.processes))
+    assert wait_until(lambda: bool(agent.processes))
     return agent.attached()[0]
 
 
@@ -67,15 +62,15 @@ def test_window_with_launches_and_no_records_degrades_until_records_flow(agent):
     c = Client(agent)
     a = _proc(agent)
     c.window(0, n_launches=3)
-    assert _until(lambda: a.health().state == "degraded")
+    assert wait_until(lambda: a.health().state == "degraded")
     assert a.health().reason.startswith("no_records")
-    assert _until(lambda: agent.snapshots()[0].windows_total == 1)  # the snapshot follows the ingest
+    assert wait_until(lambda: agent.snapshots()[0].windows_total == 1)  # the snapshot follows the ingest
     text = render_metrics(agent).decode()
     assert 'graphmon_empty_windows_total{rank="0",reason="no_records"} 1.0' in text
     assert 'graphmon_up{rank="0"} 0.0' in text and 'graphmon_processes{state="degraded"} 1.0' in text
     c.window(8)
-    assert _until(lambda: a.health().state == "running")
-    assert _until(lambda: 'graphmon_up{rank="0"} 1.0' in render_metrics(agent).decode())
+    assert wait_until(lambda: a.health().state == "running")
+    assert wait_until(lambda: 'graphmon_up{rank="0"} 1.0' in render_metrics(agent).decode())
 
 
 def test_process_without_windows_is_degraded_and_counted_once(agent):
@@ -93,7 +88,7 @@ def test_silent_process_is_lost():
     try:
         c = Client(ag)  # noqa: F841  (kept open and silent)
         a = _proc(ag)
-        assert _until(lambda: a.health().state == "lost")
+        assert wait_until(lambda: a.health().state == "lost")
         assert ag.lost_total == 1 and "heartbeat" in a.health().reason
     finally:
         ag.stop()
@@ -101,17 +96,17 @@ def test_silent_process_is_lost():
 
 def test_two_processes_claiming_one_rank_get_distinct_series(agent):
     clients = [Client(agent, rank="0", pid=11), Client(agent, rank="0", pid=12)]  # noqa: F841  (kept open)
-    assert _until(lambda: len(agent.processes) == 2)
+    assert wait_until(lambda: len(agent.processes) == 2)
     ranks = sorted(a.rank for a in agent.attached())
     assert ranks[0] == "0" and ranks[1].startswith("0@")
 
 
 def test_four_ranks_on_one_agent_http(agent):
     clients = [Client(agent, rank=str(r), pid=100 + r) for r in range(4)]
-    assert _until(lambda: len(agent.processes) == 4)
+    assert wait_until(lambda: len(agent.processes) == 4)
     for c in clients:
         c.window(8)
-    assert _until(lambda: all(s.records_total == 8 for s in agent.snapshots()))
+    assert wait_until(lambda: all(s.records_total == 8 for s in agent.snapshots()))
     server, thread, port = serve_background(agent, "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -127,7 +122,7 @@ def test_four_ranks_on_one_agent_http(agent):
         assert r.status_code == 200
         for c in clients:
             c.s.close()
-        assert _until(lambda: agent.lost_total == 4)
+        assert wait_until(lambda: agent.lost_total == 4)
         r = httpx.post(url + "/capture", json={"replays": 2}, timeout=5)
         assert r.status_code == 409 and "no process" in r.text
     finally:
@@ -175,7 +170,7 @@ def test_record_through_the_agent_writes_one_file_per_rank(tmp_path):
         from graphmon.formats.read import read_trace
 
         files = [tmp_path / f"rec.rank{r}.graphmon.npz" for r in (0, 1)]
-        assert _until(lambda: all(f.exists() for f in files), timeout=60), p.stderr and os.listdir(tmp_path)
+        assert wait_until(lambda: all(f.exists() for f in files), timeout=60), p.stderr and os.listdir(tmp_path)
         for f in files:
             t = read_trace(str(f))
             assert t.meta["windows"] == 2 and len(t) > 0
