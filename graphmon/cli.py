@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
                     "temporary directory; use a shared volume for a sidecar)")
     ag.set_defaults(func=_cmd_agent, interval_s=None, window_launches=None, window_duration_ms=None,
-                    max_drain_ms=None, close=None)
+                    window_interval_s=None, max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file")
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
