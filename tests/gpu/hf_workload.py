@@ -1,7 +1,7 @@
 """HF transformers static-cache generate on a random-weight small Llama (run by test_hf_generate.py
 under `graphmon run`). Phase 1: generate until the file argv[2] exists (graphmon samples).
 Phase 2: detach graphmon (CUPTI is exclusive), profile a few generate calls with torch.profiler and
-write the Chrome trace to argv[1]."""
+write the Chrome trace to argv[1]/prof.json."""
 import os
 import sys
 import time
@@ -10,7 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def main(out_trace: str, go_file: str) -> int:
+def main(out_dir: str, go_file: str) -> int:
+    out_trace = os.path.join(out_dir, "prof.json")
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=4, vocab_size=1024, max_position_embeddings=256)
