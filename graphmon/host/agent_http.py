@@ -18,14 +18,14 @@ from prometheus_client.registry import CollectorRegistry
 
 from graphmon.export.collector import SnapshotCollector, render_text
 from graphmon.host.agent import EMPTY_REASONS, Agent
-from graphmon.sources.remote import STATES
 
 PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
 DEVICE_INFO_LABELS = ["rank", "device", "UUID", "pci_bus_id", "gpu_name", "host"]
 
 
-def health_families(agent: Agent) -> Iterable[Metric]:
-    """The agent's process-health families (names agreed in interfaces.md)."""
+def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
+    """The agent's process-health families (names agreed in interfaces.md). ``device_info=False``
+    where the export layer's collector already emits graphmon_device_info from Snapshot.process."""
     atts = agent.attached()
     info = GaugeMetricFamily("graphmon_process_info", "One series per process attached to the agent.",
                              labels=PROCESS_INFO_LABELS)
@@ -40,7 +40,8 @@ def health_families(agent: Agent) -> Iterable[Metric]:
         if a.proc.last_window_s is not None:
             last.add_metric([i["rank"], i["pid"]], a.proc.last_window_s)
     yield info
-    yield dev
+    if device_info:
+        yield dev
     yield last
     empty = CounterMetricFamily("graphmon_empty_windows",
                                 "no_records: a window saw graph launches and kept no record; no_windows: a process "

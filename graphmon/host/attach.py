@@ -14,10 +14,9 @@ import atexit
 import json
 import logging
 import os
-import sys
 import threading
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 log = logging.getLogger("graphmon")
 

@@ -1,7 +1,6 @@
 """attach()/detach()/label_graph() in-process (fake cupti) and graphmon run's sitecustomize hook."""
 
 import os
-import subprocess
 import sys
 import textwrap
 import time
