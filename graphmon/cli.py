@@ -342,13 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from graphmon.host.launch import AgentStartError
     from graphmon.model.trace import TraceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (TraceError, CliError) as e:
+    except (TraceError, CliError, AgentStartError) as e:
         print(f"graphmon: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except FileNotFoundError as e:

@@ -181,20 +181,30 @@ _NO_PROCESS = None
 
 
 def serve_background(agent: Agent, host: str, port: int, timeout_s: float = 10.0):
-    """uvicorn in a daemon thread; returns (server, thread, bound_port) once it listens."""
+    """uvicorn in a daemon thread; returns (server, thread, bound_port) once it listens. The
+    socket is bound here first, so a taken port is one clear error (not a uvicorn log line)."""
+    import socket
+
     import uvicorn
 
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    bound = sock.getsockname()[1]
     app = create_agent_app(agent)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=bound, log_level="warning", access_log=False,
                                           lifespan="off"))
-    t = threading.Thread(target=server.run, name="graphmon-agent-http", daemon=True)
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="graphmon-agent-http", daemon=True)
     t.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:
         if not t.is_alive():
-            raise RuntimeError(f"graphmon agent: HTTP server failed to start on {host}:{port}")
+            raise RuntimeError(f"graphmon agent: HTTP server failed to start on {host}:{bound}")
         if time.monotonic() > deadline:
             raise RuntimeError("graphmon agent: HTTP server did not start in time")
         time.sleep(0.01)
-    bound = next((sock.getsockname()[1] for s in server.servers for sock in s.sockets), port)
     return server, t, bound

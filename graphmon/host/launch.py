@@ -97,21 +97,28 @@ def _split(settings: Optional[dict]) -> tuple[dict, dict]:
     return {k: s[k] for k in AGENT_KEYS if k in s}, {k: v for k, v in s.items() if k in SOURCE_KEYS}
 
 
+class AgentStartError(RuntimeError):
+    """The agent could not start (port taken, socket path unusable): one line for the user."""
+
+
 def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True):
-    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port)."""
+    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot."""
     from graphmon.host.agent import Agent
     from graphmon.settings import Settings
 
-    agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory).start()
+    try:
+        agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory).start()
+    except OSError as e:
+        raise AgentStartError(f"agent socket {socket_path or ''}: {e.strerror or e}") from None
     if not serve:
         return agent, None, None
     from graphmon.host.agent_http import serve_background
 
     try:
         server, _, port = serve_background(agent, agent.settings.host, agent.settings.port)
-    except Exception:
+    except Exception as e:
         agent.stop()
-        raise
+        raise AgentStartError(f"{e} (choose another port with --port)") from None
     return agent, server, port
 
 

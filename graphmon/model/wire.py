@@ -142,7 +142,8 @@ def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
         nbytes = spec[2] * dt.itemsize
         if off + nbytes > len(payload):
             raise WireError(f"column {part}.{name} runs past the payload")
-        arrays[(part, name)] = np.frombuffer(payload[off : off + nbytes], dtype=dt).astype(dt.newbyteorder("="))
+        a = np.frombuffer(payload[off : off + nbytes], dtype=dt)  # a read-only view: no copy
+        arrays[(part, name)] = a if dt.isnative else a.astype(dt.newbyteorder("="))
         off += nbytes
     if off != len(payload):
         raise WireError(f"{len(payload) - off} trailing payload bytes")

@@ -62,3 +62,17 @@ def test_agent_bad_flag_is_one_line_exit_2():
     r = subprocess.run([sys.executable, "-m", "graphmon.cli", "agent", "--port", "70000"], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2 and r.stderr.startswith("graphmon: error: bad setting port")
+
+
+def test_run_on_a_taken_port_is_one_line_exit_2():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", str(s.getsockname()[1]), "--", "true"],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    finally:
+        s.close()
+    assert r.returncode == 2 and r.stderr.startswith("graphmon: error: ") and len(r.stderr.strip().splitlines()) == 1
