@@ -142,7 +142,11 @@ class Link:
         self.reconnect_max_s = float(reconnect_max_s)
         self.stats = {"windows_sent": 0, "windows_dropped": 0, "reconnects": 0, "bad_messages": 0, "connected": 0}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # A self-pipe wakes the link thread's select() when a window is queued: the thread sleeps
+        # until there is something to do (no polling: no GIL taken from the host 20 times a second).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sock: Optional[socket.socket] = None
@@ -161,15 +165,31 @@ class Link:
                 self.queue.popleft()  # the newest window is the most useful one: drop the oldest
                 self.stats["windows_dropped"] += 1
             self.queue.append(data)
-        self._wake.set()
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: the thread is awake already
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (bounded by ``timeout_s``), say bye, close."""
         self._stop.set()
-        self._wake.set()
+        self._wakeup()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                return  # still sending: it may use the pipe; the daemon thread ends with the process
             self._thread = None
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
@@ -235,9 +255,13 @@ class Link:
             if now >= next_hb:
                 s.sendall(encode_message("heartbeat", status=self._safe_status(), identity=self._hello()))
                 next_hb = now + self.heartbeat_s
-            r, _, _ = select.select([s], [], [], min(0.05, max(0.0, next_hb - now)))
-            self._wake.clear()
-            if r:
+            r, _, _ = select.select([s, self._wake_r], [], [], max(0.0, next_hb - now))
+            if self._wake_r in r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if s in r:
                 chunk = s.recv(65536)
                 if not chunk:
                     raise ConnectionResetError("agent closed the connection")
