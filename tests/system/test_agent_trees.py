@@ -64,6 +64,13 @@ class Run:
         return rc
 
 
+def _tcp(p):
+    try:
+        return p.net_connections(kind="tcp") if hasattr(p, "net_connections") else p.connections(kind="tcp")
+    except Exception:  # exited meanwhile
+        return []
+
+
 def _running(n):
     return lambda s: sum(p["state"] == "running" and p["records_total"] > 0 for p in s["processes"]) >= n
 
@@ -89,6 +96,12 @@ def test_only_graph_processes_attach_with_ranks_and_devices(tmp_path, shape, n):
             assert re.search(rf'graphmon_process_info\{{device="{i}",host="[^"]+",pid="\d+",rank="{i}",state="running"\}} 1.0', text)
             assert re.search(rf'graphmon_kernel_gap_seconds_count\{{.*rank="{i}".*\}} [1-9]', text)
         assert text.count("# TYPE graphmon_up gauge") == 1  # each family once, samples of every process
+        # one port: the agent's; no process of the tree listens on TCP (the old hook gave each one a port)
+        import psutil
+
+        tree = psutil.Process(r.proc.pid).children(recursive=True)
+        assert len(tree) > n
+        assert not [c for p in tree for c in _tcp(p) if c.status == psutil.CONN_LISTEN]
         assert 'graphmon_processes{state="running"} 2.0' in text
     finally:
         assert r.finish() == 0
