@@ -152,7 +152,7 @@ def run_under_agent(tmp_path, script, *args):
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = "http://127.0.0.1:" + re.search(r":(\d+)/metrics", proc.stderr.readline()).group(1)
-        traces = agent_window_traces(url, str(tmp_path), want=4)
+        traces = agent_window_traces(url, str(tmp_path), want=4, timeout_s=100.0)
         status = httpx.get(url + "/status", timeout=10).json()
         metrics = httpx.get(url + "/metrics", timeout=10).text
         go.touch()

@@ -18,7 +18,7 @@ def main(out_dir: str, go_file: str) -> int:
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(0, 1024, (1, 8), device="cuda")
     kw = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, cache_implementation="static")
-    t_end = time.monotonic() + 75  # bounded even if the test never writes go_file
+    t_end = time.monotonic() + 110  # bounded even if the test never writes go_file (cold compile included)
     with torch.inference_mode():
         while not os.path.exists(go_file) and time.monotonic() < t_end:
             model.generate(ids, **kw)

@@ -18,7 +18,7 @@ def worker(local_rank: int, out_dir: str, go_file: str) -> None:
     model = layers.to("cuda", torch.bfloat16).eval()
     x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
     step = torch.compile(model, mode="reduce-overhead")
-    t_end = time.monotonic() + 75
+    t_end = time.monotonic() + 110  # bounded even if the test never writes go_file
     with torch.inference_mode():
         for _ in range(3):  # warm-up, then cudagraph trees record
             step(x)
