@@ -359,7 +359,7 @@ def main() -> int:
     # ---------------------------------------------------------------- 8. graphmon run
     @section("graphmon_run", out)
     def _():
-        from graphmon.host.attach import run_command
+        from graphmon.host.launch import run_command
 
         t0 = time.monotonic()
         rc = run_command([sys.executable, os.path.join(os.path.dirname(ds.__file__), "decode_server.py"),

@@ -235,14 +235,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
-    out = {k: v for k, v in {
-        "host": args.host, "port": args.port, "token": args.token,
-        "max_graphs": args.max_graphs, "max_streams": args.max_streams,
-        "interval_s": args.interval_s, "window_launches": args.window_launches,
-        "window_duration_ms": args.window_duration_ms, "max_drain_ms": args.max_drain_ms, "close": args.close,
-        "buffer_size_bytes": args.buffer_size_bytes, "max_buffers": args.max_buffers,
-        "max_window_records": args.max_window_records,
-    }.items() if v is not None}
+    keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "window_launches", "window_duration_ms",
+            "max_drain_ms", "close", "buffer_size_bytes", "max_buffers", "max_window_records")
+    out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
+    out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
         out["interval_s"] = args.window_interval_s
     return out
@@ -258,17 +254,24 @@ def _command_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from graphmon.host.attach import run_command
+    from graphmon.host.launch import run_command
 
     return run_command(_command_argv(args), _attach_settings(args))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from graphmon.host.attach import record_command
+    from graphmon.host.launch import record_command
 
     if args.windows < 0:
         raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
     return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from graphmon.host.launch import agent_command
+
+    _settings_from_args(args)  # bad flags: one error line, before anything starts
+    return agent_command(_attach_settings(args), socket_path=args.socket)
 
 
 def _add_attach_flags(p: argparse.ArgumentParser) -> None:
@@ -330,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attach_flags(rn)
     rn.set_defaults(func=_cmd_run)
 
+    ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
+    _add_server_flags(ag, replay=False)
+    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
+                    "temporary directory; use a shared volume for a sidecar)")
+    ag.set_defaults(func=_cmd_agent, interval_s=None, window_launches=None, window_duration_ms=None,
+                    window_interval_s=None, max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file")
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
@@ -372,13 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from graphmon.host.launch import AgentStartError
     from graphmon.model.trace import TraceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (TraceError, CliError) as e:
+    except (TraceError, CliError, AgentStartError) as e:
         print(f"graphmon: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except FileNotFoundError as e:

@@ -97,3 +97,111 @@ def widen_at(trace: Trace, graph_index: int, stream: int, positions, add_ns: int
                        device=trace.device, graph_id=trace.graph_id, graph_node_id=trace.graph_node_id,
                        name_id=trace.name_id, names=trace.names, launches=trace.launches, graphs=trace.graphs,
                        labels=trace.labels, meta=trace.meta)
+
+
+def wait_until(pred, timeout=5.0, step_s=0.01):
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds passed (False)."""
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return False
+
+
+def per_stream_gap_medians(trace, min_gaps=5):
+    """{(kernels per replay, stream): median gap ns} over a trace's graph replays: graphs matched
+    by kernel count per replay, so a live trace and a profiler trace of one workload compare."""
+    from graphmon.analysis.replays import analyze
+
+    a = analyze(trace)
+    kpr = {}
+    for gi in np.unique(trace.graph[trace.graph >= 0]):
+        _, counts = np.unique(trace.correlation_id[trace.graph == gi], return_counts=True)
+        kpr[int(gi)] = int(np.median(counts))
+    out: dict = {}
+    g = a.gaps
+    for i in range(len(g)):
+        vals = g.values[g.offsets[i]:g.offsets[i + 1]]
+        if len(vals) >= min_gaps and int(g.graph[i]) in kpr:
+            out.setdefault((kpr[int(g.graph[i])], int(g.stream[i])), []).append(vals)
+    return {k: float(np.median(np.concatenate(v))) for k, v in out.items()}
+
+
+def agent_window_traces(url, folder, want=4, timeout_s=70.0):
+    """Windows with records fetched from a running agent's /trace (native format), newest 6 per poll."""
+    import time
+
+    import httpx
+
+    from graphmon.formats.read import read_trace
+
+    deadline = time.monotonic() + timeout_s
+    traces = []
+    while time.monotonic() < deadline and len(traces) < want:
+        st = httpx.get(url + "/status", timeout=10).json()
+        traces = []
+        for wid in [w for p in st["processes"] for w in p["windows"]][-6:]:
+            r = httpx.get(f"{url}/trace/{wid}", params={"format": "graphmon"}, timeout=30)
+            if r.status_code == 200:
+                path = f"{folder}/{wid}.graphmon.npz"
+                with open(path, "wb") as fh:
+                    fh.write(r.content)
+                t = read_trace(path)
+                if len(t):
+                    traces.append(t)
+        time.sleep(2)
+    return traces
+
+
+def run_under_agent(tmp_path, script, *args):
+    """`graphmon run -- python SCRIPT OUT_DIR GO_FILE ...` (GPU tests): fetch live windows while the
+    workload runs, then touch GO_FILE (the workload profiles itself and exits). Returns (live
+    traces, profiler trace paths OUT_DIR/prof*.json, /metrics text, /status)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import httpx
+
+    go = tmp_path / "go"
+    env = dict(os.environ, TMPDIR=str(tmp_path), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    env.pop("GRAPHMON_AGENT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", "2", "--",
+                             sys.executable, str(script), str(tmp_path), str(go), *args],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = "http://127.0.0.1:" + re.search(r":(\d+)/metrics", proc.stderr.readline()).group(1)
+        traces = agent_window_traces(url, str(tmp_path), want=4, timeout_s=100.0)
+        status = httpx.get(url + "/status", timeout=10).json()
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        go.touch()
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return traces, sorted(tmp_path.glob("prof*.json")), metrics, status
+
+
+def check_gaps_against_profiler(traces, prof_paths, metrics, tolerance_ns=32):
+    """Live windows vs torch.profiler: per-stream gap medians within ``tolerance_ns``; no empty window."""
+    import re
+
+    from graphmon.formats.read import read_trace
+    from graphmon.model.trace import concat
+
+    assert len(traces) >= 4, "fewer than 4 windows with records"
+    assert re.search(r'graphmon_up\{rank="[^"]+"\} 1.0', metrics)
+    assert not re.search(r"graphmon_empty_windows_total\{[^}]*\} [1-9]", metrics), "an empty window"
+    assert prof_paths, "the workload wrote no profiler trace"
+    live = per_stream_gap_medians(concat(traces))
+    ref: dict = {}
+    for p in prof_paths:
+        ref.update(per_stream_gap_medians(read_trace(str(p))))
+    common = set(live) & set(ref)
+    assert common, f"no graph/stream in common: live {sorted(live)} profiler {sorted(ref)}"
+    for k in sorted(common):
+        assert abs(live[k] - ref[k]) <= tolerance_ns, (k, live[k], ref[k])

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 
@@ -135,12 +136,15 @@ def test_run_and_record_need_a_command():
 
 
 def test_run_passes_exit_code_and_env_through(tmp_path):
-    # Without CUDA the attach inside the child fails soft (logged, never raised): the command still runs.
-    code = "import os, sys; print(os.environ.get('GRAPHMON_ATTACH_JSON')); sys.exit(7)"
-    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "9999", "--", sys.executable, "-c", code],
-                       capture_output=True, text=True, timeout=120)
+    # The run process is the agent (it holds the port); the child gets the agent's socket and the
+    # CUPTI options, never a port of its own.
+    code = ("import os, sys; print(os.environ.get('GRAPHMON_ATTACH_JSON')); "
+            "print(os.path.exists(os.environ['GRAPHMON_AGENT'])); sys.exit(7)")
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", "3", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 7
-    assert '"port": 9999' in r.stdout
+    assert r.stdout.split("\n")[:2] == ['{"interval_s": 3.0}', "True"]
+    assert re.search(r"agent serving http://127.0.0.1:\d+/metrics", r.stderr)
 
 
 def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_path):

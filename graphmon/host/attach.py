@@ -1,9 +1,11 @@
-"""In-process attach: CUPTI source + exporter + HTTP thread, and ``graphmon run``/``record``.
+"""In-code attach: the light collector when an agent is named, else the whole exporter in-process.
 
 ``attach()`` never raises into the host: a failure is logged and returns None (monitoring
 must not take serving down). It is idempotent: a second call warns and returns the first
-exporter. ``run_command`` starts a command with a ``sitecustomize`` that attaches in the new
-Python process(es) without code changes.
+result. With ``GRAPHMON_AGENT`` set (``graphmon run``, a sidecar agent) it starts only the CUPTI
+source and the link to the agent (graphmon.host.link): no port, no analysis in this process.
+Without it, it runs the exporter (analysis, snapshots, HTTP) in this process as before.
+``graphmon run``/``record`` live in graphmon.host.launch.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ import atexit
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 log = logging.getLogger("graphmon")
 
-ATTACH_ENV = "GRAPHMON_ATTACH_JSON"  # attach() kwargs for the sitecustomize hook (JSON)
-ATTACHED_ENV = "GRAPHMON_ATTACHED_LOCAL_RANK"  # set by an attached process for its children
+ATTACH_ENV = "GRAPHMON_ATTACH_JSON"  # CUPTI settings for the sitecustomize hook (JSON)
+AGENT_ENV = "GRAPHMON_AGENT"  # the agent's Unix socket path
+
+
+def source_keys() -> frozenset:
+    """attach() keywords that are CUPTI settings (graphmon.settings.CuptiSettings: the one source)."""
+    from graphmon.settings import CuptiSettings
+
+    return frozenset(CuptiSettings.model_fields)
 
 _lock = threading.Lock()
 _state: Optional["_Attached"] = None
@@ -44,8 +49,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class _Attached:
-    def __init__(self, source, exporter, recorder) -> None:
-        self.source, self.exporter, self.recorder = source, exporter, recorder
+    def __init__(self, source, exporter, recorder, light=None) -> None:
+        self.source, self.exporter, self.recorder, self.light = source, exporter, recorder, light
 
 
 class Recorder:
@@ -96,19 +101,31 @@ def _local_rank() -> int:
 
 def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] = None,
            record_windows: int = 0, **settings) -> Optional[Any]:
-    """Start CUPTI collection + exporter (+ HTTP on port + LOCAL_RANK). Returns the Exporter
-    (or the CuptiSource in record mode), None when attaching failed (logged, never raised)."""
+    """Start CUPTI collection. With ``GRAPHMON_AGENT`` set: the light collector, which sends
+    windows to the agent (returns the LightCollector). Otherwise the exporter in-process (+ HTTP
+    on port + LOCAL_RANK; returns the Exporter), or the CuptiSource in record mode. None when
+    attaching failed (logged, never raised)."""
     global _state
     with _lock:
         if _state is not None:
             warnings.warn("graphmon is already attached in this process; attach() ignored", stacklevel=2)
-            return _state.exporter or _state.source
+            return _state.light or _state.exporter or _state.source
         try:
             from graphmon.settings import CuptiSettings
-            from graphmon.sources.cupti.collector import CuptiSource
 
             # CUPTI knobs go to CuptiSettings (which also reads GRAPHMON_<FIELD>), the rest to Settings
             src_kw = {k: settings.pop(k) for k in list(settings) if k in CuptiSettings.model_fields}
+            agent = os.environ.get(AGENT_ENV)
+            if agent and not record_path:
+                from graphmon.host.link import LightCollector
+
+                light = LightCollector(agent, cupti=cupti, settings=CuptiSettings(**src_kw))
+                light.start()
+                _state = _Attached(light.source, None, None, light)
+                atexit.register(detach)
+                return light
+            from graphmon.sources.cupti.collector import CuptiSource
+
             source = CuptiSource(cupti=cupti, settings=CuptiSettings(**src_kw))
             recorder = exporter = None
             if record_path:
@@ -133,7 +150,6 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
                         exporter.stop(timeout_s=2.0)
                         raise
             _state = _Attached(source, exporter, recorder)
-            os.environ[ATTACHED_ENV] = str(os.environ.get("LOCAL_RANK", ""))
             atexit.register(detach)
             return exporter or source
         except Exception as e:
@@ -163,7 +179,9 @@ def detach(timeout_s: float = 5.0) -> None:
     if st is None:
         return
     try:
-        if st.exporter is not None:
+        if st.light is not None:
+            st.light.stop(timeout_s=timeout_s)
+        elif st.exporter is not None:
             st.exporter.stop(timeout_s=timeout_s)
         else:
             st.source.stop(timeout_s=timeout_s)
@@ -190,109 +208,10 @@ def label_graph(graph, name: str = "", batch_size: int = -1) -> Optional[int]:
         return None
 
 
-# ---------------------------------------------------------------------- graphmon run / record
-_SITECUSTOMIZE = '''\
-# Written by graphmon run: attach graphmon in this Python process, then run any other
-# sitecustomize that was on the path (chained).
-import os as _os, sys as _sys
 
 
-def _graphmon_chain():
-    import importlib.machinery, importlib.util
-    here = _os.path.dirname(_os.path.abspath(__file__))
-    path = [p for p in _sys.path if _os.path.abspath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is not None and spec.loader is not None:
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-
-
-def _graphmon_attach():
-    if _os.environ.get("GRAPHMON_ATTACH", "1") == "0":
-        return
-    argv0 = _os.path.basename(_sys.argv[0]) if _sys.argv and _sys.argv[0] else ""
-    if argv0 in ("torchrun",) or _sys.argv[:1] and _sys.argv[0].endswith("torch/distributed/run.py"):
-        return  # a launcher process: its workers attach, one per LOCAL_RANK
-    done = _os.environ.get("GRAPHMON_ATTACHED_LOCAL_RANK")
-    if done is not None and done == _os.environ.get("LOCAL_RANK", ""):
-        return  # a parent of the same rank already attached (e.g. a helper subprocess)
-    try:
-        import json
-        from graphmon.host.attach import attach
-        attach(**json.loads(_os.environ.get("GRAPHMON_ATTACH_JSON", "{}")))
-    except Exception as e:  # never break the host program
-        print(f"graphmon: attach failed: {e!r}", file=_sys.stderr)
-
-
-try:
-    _graphmon_chain()
-except Exception as _e:
-    print(f"graphmon: chained sitecustomize failed: {_e!r}", file=_sys.stderr)
-_graphmon_attach()
-'''
-
-
-def hook_dir() -> str:
-    """A fresh directory holding graphmon's sitecustomize.py."""
-    d = tempfile.mkdtemp(prefix="graphmon-hook-")
-    with open(os.path.join(d, "sitecustomize.py"), "w") as fh:
-        fh.write(_SITECUSTOMIZE)
-    return d
-
-
-def command_env(settings: dict, env: Optional[dict] = None) -> dict:
-    """Environment for a command that should attach graphmon: PYTHONPATH + attach kwargs."""
-    env = dict(os.environ if env is None else env)
-    d = hook_dir()
-    # graphmon itself must be importable by the child (editable installs are; make sure).
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parts = [d, pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env[ATTACH_ENV] = json.dumps(settings)
-    env.pop(ATTACHED_ENV, None)
-    return env
-
-
-def run_command(argv: Sequence[str], settings: Optional[dict] = None) -> int:
-    """Run ``argv`` with graphmon attached in its Python process(es); returns its exit code.
-
-    ``settings``: attach() keyword arguments (exporter Settings fields, CUPTI source options,
-    ``record_path``/``record_windows`` for record mode). SIGINT/SIGTERM are forwarded.
-    """
-    argv = list(argv)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        print("graphmon run: no command given (usage: graphmon run -- python serve.py ...)", file=sys.stderr)
-        return 2
-    env = command_env(dict(settings or {}))
-    try:
-        proc = subprocess.Popen(argv, env=env)
-    except FileNotFoundError:
-        print(f"graphmon run: command not found: {argv[0]}", file=sys.stderr)
-        return 127
-    old = {}
-
-    def forward(signum, frame):
-        try:
-            proc.send_signal(signum)
-        except Exception:
-            pass
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, forward)
-        except ValueError:  # not the main thread
-            pass
-    try:
-        return proc.wait()
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
-def record_command(argv: Sequence[str], output: str, windows: int = 0, settings: Optional[dict] = None) -> int:
-    """``graphmon record -o FILE --windows N -- cmd``: attach in record mode, save on exit/N windows."""
-    s = dict(settings or {})
-    s.update(record_path=os.path.abspath(output), record_windows=int(windows))
-    return run_command(argv, s)
+def attach_from_env() -> Optional[Any]:
+    """What the hook calls when a process captures its first graph: attach with the CUPTI
+    source options ``graphmon run`` put in GRAPHMON_ATTACH_JSON."""
+    kwargs = json.loads(os.environ.get(ATTACH_ENV) or "{}")
+    return attach(**{k: v for k, v in kwargs.items() if k in source_keys()})

@@ -19,6 +19,7 @@ valid memory for the life of the process, as do the ctypes callback objects.
 from __future__ import annotations
 
 import ctypes
+import os
 import logging
 from collections import deque
 from typing import Any, NamedTuple, Optional, Protocol
@@ -331,5 +332,16 @@ class CuptiPythonApi:
             h.on_destroy(int(p.h_graph_exec))
 
 
+API_ENV = "GRAPHMON_CUPTI_API"  # "module:attr" of a CuptiActivityApi to use instead of CUPTI (tests, simulators)
+
+
 def load_api(buffer_size_bytes: int, max_buffers: int) -> CuptiActivityApi:
+    # The seam lets process-tree tests run the real hook, agent and collector in child processes
+    # against a simulated GPU: nothing but this one name is read from the variable.
+    seam = os.environ.get(API_ENV, "")
+    if seam:
+        import importlib
+
+        module, _, attr = seam.partition(":")
+        return getattr(importlib.import_module(module), attr or "api")
     return CuptiPythonApi(buffer_size_bytes, max_buffers)

@@ -1,0 +1,34 @@
+"""Fake torch.cuda.graphs: capture instantiates a graph on the fake CUPTI GPU, replay launches it.
+
+Like torch, cupti is not touched at import: only capture_end/replay reach the (fake) driver."""
+
+
+class CUDAGraph:
+    def __init__(self):
+        self.h = None
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.capturing = True
+
+    def capture_end(self):
+        from cupti import cupti as gpu
+        from fake_cupti import decode_like
+
+        self.capturing = False
+        self.h = gpu.instantiate(decode_like(2))
+
+    def replay(self):
+        from cupti import cupti as gpu
+
+        gpu.launch(self.h, 7)
+
+
+class graph:
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        self.cuda_graph = cuda_graph
+
+    def __enter__(self):
+        self.cuda_graph.capture_begin()
+
+    def __exit__(self, *exc):
+        self.cuda_graph.capture_end()

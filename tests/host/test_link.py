@@ -1,0 +1,139 @@
+"""The process side of the agent link (light collector) against a real agent on a Unix socket."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from graphmon.host.agent import Agent
+from graphmon.host.link import LightCollector, Link, identity
+from graphmon.model.wire import encode_message, encode_window
+from graphmon.settings import Settings
+
+from helpers import wait_until
+from graphmon.sources import remote
+
+from fake_cupti import FakeCupti, decode_like
+
+FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0)
+
+
+
+
+@pytest.fixture
+def agent():
+    a = Agent(Settings(port=0), tick_s=0.05).start()
+    yield a
+    a.stop()
+
+
+def test_link_imports_no_http_or_prometheus(tmp_path):
+    code = ("import sys, graphmon.host.link, graphmon.host.trigger, graphmon.model.wire, graphmon.sources.cupti.collector\n"
+            "bad = [m for m in ('fastapi', 'uvicorn', 'prometheus_client', 'starlette') "
+            "if m in sys.modules]\nprint(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_socket_dir_is_private_and_peer_uid_checked(agent, monkeypatch):
+    d = os.path.dirname(agent.socket_path)
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    assert os.stat(agent.socket_path).st_mode & 0o077 == 0
+    me = os.getuid()
+    monkeypatch.setattr(remote.os, "getuid", lambda: me + 1)  # the peer is now "another user"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(agent.socket_path)
+    try:
+        s.sendall(encode_message("hello", identity={"rank": "9"}))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the hello arrived: the agent never reads from another user
+    assert wait_until(lambda: agent.listener.rejected["uid"] == 1)
+    assert not agent.processes
+
+
+def test_light_collector_windows_reach_agent_with_identity(agent):
+    fake = FakeCupti()
+    lc = LightCollector(agent.socket_path, cupti=fake, **FAST)
+    lc.start()
+    try:
+        h = fake.instantiate(decode_like(2))
+        assert wait_until(lambda: agent.processes and agent.attached()[0].aggregator.snapshot().records_total > 0
+                      or fake.launch(h, 7) and False)
+        a = agent.attached()[0]
+        assert a.proc.identity["pid"] == str(os.getpid()) and a.identity()["state"] == "running"
+        assert a.aggregator.snapshot().up
+    finally:
+        lc.stop()
+    assert wait_until(lambda: agent.attached()[0].health().state == "stopped")
+    assert agent.lost_total == 0  # said bye: stopped, not lost
+
+
+def test_capture_fans_out_to_processes(agent):
+    from graphmon.model.window import CaptureRequest
+
+    fake = FakeCupti()
+    lc = LightCollector(agent.socket_path, cupti=fake, **{**FAST, "interval_s": 30.0, "first_window_s": 30.0})
+    lc.start()
+    try:
+        h = fake.instantiate(decode_like(2))
+        assert wait_until(lambda: bool(agent.processes))
+        agent.capture(CaptureRequest(id="cabc", replays=3))
+        assert wait_until(lambda: agent.trace_lookup("cabc") is not None or fake.launch(h, 7) and False)
+        assert len(agent.trace_lookup("cabc")) % 6 == 0
+    finally:
+        lc.stop()
+
+
+def test_link_queue_is_bounded_and_counts_drops(tmp_path):
+    from graphmon.model.trace import Trace
+    from graphmon.model.window import Window
+
+    link = Link(str(tmp_path / "none.sock"), hello=dict, status=dict, on_capture=lambda r: None, max_queue=2)
+    w = Window(trace=Trace.build(start_ns=[], end_ns=[], stream=[], correlation_id=[]), started_s=0.0, ended_s=1.0)
+    for _ in range(5):
+        link.send_window(w)  # no thread, no agent: never blocks
+    assert len(link.queue) == 2 and link.stats["windows_dropped"] == 3
+    assert len(link.queue[0]) == len(encode_window(w))
+
+
+def test_link_reconnects_when_the_agent_starts_late(tmp_path):
+    path = str(tmp_path / "a" / "agent.sock")
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    fake = FakeCupti()
+    lc = LightCollector(path, cupti=fake, link_kwargs={"reconnect_max_s": 0.2}, **FAST)
+    lc.start()
+    h = fake.instantiate(decode_like(2))
+    time.sleep(0.5)
+    a = Agent(Settings(port=0), socket_path=path).start()
+    try:
+        assert wait_until(lambda: any(s.records_total for s in a.snapshots()) or fake.launch(h, 7) and False)
+        assert lc.link.stats["reconnects"] >= 1
+    finally:
+        lc.stop()
+        a.stop()
+
+
+def test_bad_frame_closes_that_connection_only(agent):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(agent.socket_path)
+    s.sendall(encode_message("hello", identity={"rank": "3", "pid": "1"}))
+    assert wait_until(lambda: bool(agent.processes))
+    s.sendall(b"\x08\x00\x00\x00\x04\x00\x00\x00{}{}")  # a header that is no message
+    assert wait_until(lambda: agent.listener.rejected["bad_frame"] == 1)
+    assert wait_until(lambda: agent.attached()[0].health().state == "lost")
+    assert agent.lost_total == 1
+
+
+def test_identity_rank_order(monkeypatch):
+    for v in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(sys, "argv", ["worker.py", "--foo"])
+    r = identity()
+    assert r["rank_source"] in ("pid", "title")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert identity()["rank"] == "1"
+    monkeypatch.setenv("RANK", "5")
+    assert identity()["rank"] == "5" and identity()["rank_source"] == "RANK"

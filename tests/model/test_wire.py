@@ -1,0 +1,108 @@
+"""The process -> agent wire format: lossless round trip, strict validation of untrusted frames."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from graphmon.model.trace import GraphInfo, Trace
+from graphmon.model.window import Window
+from graphmon.model.wire import (FrameReader, WireError, decode_window, encode_message, encode_window, frame,
+                                 split_frame)
+
+
+def _window(n=6):
+    t = Trace.build(
+        start_ns=np.arange(1, n + 1) * 1000, end_ns=np.arange(1, n + 1) * 1000 + 500, stream=np.full(n, 7),
+        correlation_id=np.repeat([11, 12], n // 2), graph_id=np.full(n, 3), graph_node_id=np.tile(np.arange(1, n // 2 + 1), 2),
+        name_id=np.zeros(n, np.int32), names=["k0"], launches={"correlation_id": [11, 12], "graph": [0, 0],
+                                                                 "launch_ns": [900, 3900], "stream": [7, 7]},
+        graphs=[GraphInfo(key="g3", graph_id=3, upload_mode="uploaded", label="decode", batch_size=4)],
+        invalid={"partial_replay": 2}, meta={"source": "cupti", "capture_id": None})
+    return Window(trace=t, started_s=100.0, ended_s=101.5, dropped=1, observer_slowdown=1.1, capture_id="c1")
+
+
+def _decode(data: bytes) -> Window:
+    (n,) = struct.unpack_from("<I", data, 0)
+    assert n == len(data) - 4
+    return decode_window(*split_frame(data[4:]))
+
+
+def test_window_round_trip_is_lossless():
+    w = _window()
+    back = _decode(encode_window(w))
+    for col in ("start_ns", "end_ns", "stream", "correlation_id", "graph_id", "graph_node_id", "name_id", "graph", "device"):
+        np.testing.assert_array_equal(getattr(back.trace, col), getattr(w.trace, col))
+        assert getattr(back.trace, col).dtype == getattr(w.trace, col).dtype
+    for k in w.trace.launches:
+        np.testing.assert_array_equal(back.trace.launches[k], w.trace.launches[k])
+    assert back.trace.graphs == w.trace.graphs and back.trace.names == ("k0",)
+    assert dict(back.trace.invalid) == {"partial_replay": 2}
+    assert (back.started_s, back.ended_s, back.dropped, back.observer_slowdown, back.capture_id) == (100.0, 101.5, 1, 1.1, "c1")
+
+
+def _tamper(fn):
+    data = encode_window(_window())
+    header, payload = split_frame(data[4:])
+    header, payload = fn(dict(header), bytes(payload))
+    return frame(header, payload)
+
+
+@pytest.mark.parametrize("fn, msg", [
+    (lambda h, p: (h, p[:-8]), "past the payload"),
+    (lambda h, p: (h, p + b"\0" * 8), "trailing"),
+    (lambda h, p: ({**h, "columns": h["columns"][::-1]}, p), "column spec"),
+    (lambda h, p: ({**h, "columns": [[*c[:2], c[2] + 1] if c[1] == "end_ns" else c for c in h["columns"]]}, p + b"\0" * 8),
+     "differ in length"),
+    (lambda h, p: ({**h, "columns": [[*c[:2], -1] if c[1] == "end_ns" else c for c in h["columns"]]}, p), "column spec"),
+    (lambda h, p: ({**h, "names": []}, p), "name_id out of range"),
+    (lambda h, p: ({**h, "graphs": [{**h["graphs"][0], "upload_mode": "bogus"}]}, p), "unknown upload mode"),
+    (lambda h, p: ({**h, "graphs": [{**h["graphs"][0], "evil": 1}]}, p), "wrong fields"),
+    (lambda h, p: ({**h, "graphs": [{**h["graphs"][0], "graph_id": "3"}]}, p), "wrong type"),
+    (lambda h, p: ({**h, "dropped": -1}, p), "dropped"),
+    (lambda h, p: ({**h, "started_s": float("nan")}, p), "finite"),
+    (lambda h, p: ({**h, "invalid": {"x": "many"}}, p), "invalid counts"),
+    (lambda h, p: ({**h, "capture_id": "x" * 100}, p), "capture_id"),
+    (lambda h, p: ({**h, "v": 99}, p), "wire version"),
+    (lambda h, p: ({**h, "type": "exec"}, p), "known message"),
+])
+def test_decode_rejects_tampered_frames(fn, msg):
+    with pytest.raises(WireError, match=msg):
+        _decode(_tamper(fn))
+
+
+def test_launch_index_out_of_range_is_rejected():
+    def fn(h, p):
+        # launches.graph is the 3rd launch column; point it past the graph table
+        return h, p.replace(struct.pack("<ii", 0, 0), struct.pack("<ii", 5, 0))
+    with pytest.raises(WireError, match="out of range"):
+        _decode(_tamper(fn))
+
+
+def test_header_must_be_json_object():
+    body = struct.pack("<I", 5) + b"hello"
+    with pytest.raises(WireError, match="not JSON"):
+        split_frame(body)
+    with pytest.raises(WireError, match="header length"):
+        split_frame(struct.pack("<I", 1000) + b"{}")
+    with pytest.raises(WireError, match="known message"):
+        split_frame(struct.pack("<I", 2) + b"[]")
+
+
+def test_frame_reader_splits_and_bounds():
+    r = FrameReader(max_frame_bytes=1 << 16)
+    data = encode_message("heartbeat", status={"state": "running"}) + encode_message("bye")
+    out = []
+    for i in range(0, len(data), 7):  # arrives in small pieces
+        out += r.feed(data[i:i + 7])
+    assert [split_frame(b)[0]["type"] for b in out] == ["heartbeat", "bye"]
+    with pytest.raises(WireError, match="exceeds"):
+        FrameReader(max_frame_bytes=100).feed(struct.pack("<I", 101))
+
+
+def test_empty_window_round_trips():
+    t = Trace.build(start_ns=[], end_ns=[], stream=[], correlation_id=[], launches={"correlation_id": [5], "graph": [-1]})
+    back = _decode(encode_window(Window(trace=t, started_s=1.0, ended_s=2.0)))
+    assert len(back.trace) == 0 and back.trace.n_launches == 1
+    assert json.loads(json.dumps(split_frame(encode_window(Window(trace=t, started_s=1.0, ended_s=2.0))[4:])[0]))
