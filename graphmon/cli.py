@@ -66,7 +66,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     cur = read_trace(args.current, progress=False)
     result = compare(base, cur, pairs=pairs, thresholds=th)
     if args.format == "json":
-        json.dump(result.to_json(), sys.stdout, indent=2)
+        from graphmon.report.jsonsafe import json_safe
+
+        json.dump(json_safe(result.as_dict()), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(result.format_table())
@@ -83,9 +85,12 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     except ImportError:
         raise CliError("graphmon ab needs scipy and matplotlib: pip install 'graphmon[ab]'") from None
     from graphmon.analysis import ab
+    from graphmon.report.ab_files import load_raw, save_raw
+    from graphmon.report.jsonsafe import json_safe
+    from graphmon.report.plots import plot_ab
 
     if args.source_dir:
-        arms, meta = ab.load_raw(args.source_dir)
+        arms, meta = load_raw(args.source_dir)
         out = args.out or args.source_dir
     else:
         try:
@@ -96,31 +101,36 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             raise CliError("graphmon ab needs a CUDA GPU (or --from DIR to redo a report)")
         if args.instances < 2:
             raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
-        factories = ab.decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
-                                        batch=args.batch)
+        from graphmon.gpu import ab_runner
+        from graphmon.gpu.workloads import decode_like_arms
+
+        factories = decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
+                                     batch=args.batch)
         if args.baseline == "lazy":
             factories = {"lazy": factories["lazy"], "uploaded": factories["uploaded"]}
-        arms = ab.run_ab(factories, instances=args.instances, rounds=args.rounds,
-                         replays_per_block=args.replays, windows=args.windows, window_replays=args.window_replays,
-                         seed=args.seed, progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
+        arms = ab_runner.run_ab(factories, instances=args.instances, rounds=args.rounds,
+                                replays_per_block=args.replays, windows=args.windows,
+                                window_replays=args.window_replays, seed=args.seed,
+                                progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
         meta = {"command": "graphmon " + " ".join(sys.argv[1:]),
                 "workload": {"hidden": args.hidden, "layers": args.layers, "side_streams": args.side_streams,
                              "batch": args.batch},
                 "design": {"instances": args.instances, "rounds": args.rounds, "replays_per_block": args.replays,
                            "windows": args.windows, "window_replays": args.window_replays, "seed": args.seed},
                 "gap_source": "torch.profiler (Kineto) windows read by graphmon's Kineto reader",
-                "environment": ab.environment()}
+                "environment": ab_runner.environment()}
         out = args.out or "."
-        ab.save_raw(arms, out, meta)
+        save_raw(arms, out, meta)
     result = ab.analyze_ab(arms, meta=meta)
     os.makedirs(out, exist_ok=True)
+    doc = json_safe(result.as_dict())
     with open(os.path.join(out, "ab.json"), "w") as fh:
-        json.dump(ab.result_json(result), fh, indent=2)
+        json.dump(doc, fh, indent=2)
     with open(os.path.join(out, "ab.txt"), "w") as fh:
         fh.write(result.format_table() + "\n")
-    result.plot(os.path.join(out, "ab.png"))
+    plot_ab(result, os.path.join(out, "ab.png"))
     if args.format == "json":
-        json.dump(ab.result_json(result), sys.stdout, indent=2)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(result.format_table())

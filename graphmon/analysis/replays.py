@@ -17,12 +17,13 @@ Definitions (docs/analysis.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+# QUANTILES, grouped_minmax and summarize are re-exported for callers written before the split.
+from graphmon.analysis.grouped import QUANTILES, grouped_minmax, grouped_quantiles, grouped_sums, summarize  # noqa: F401
 from graphmon.model.trace import Trace, replay_key
-
-QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,53 @@ def analyze(trace: Trace) -> Analysis:
     stable argsort of one packed int64 key (timsort runs in near-linear time on such input; radix
     sort for small group ids). ``np.lexsort`` is the fallback when keys do not pack into 63 bits.
     """
+    seg = _segment(trace)
+    if seg is None:
+        return Analysis(trace, _empty_replays(), _empty_gaps())
+    busy, first_stream = _busy(seg)
+    o2 = _stream_order(seg)
+    r2, s2 = seg.rid[o2], seg.srank[o2]
+    same = (r2[1:] == r2[:-1]) & (s2[1:] == s2[:-1])
+    pair = np.flatnonzero(same)  # position (in o2 order) of the earlier kernel of each pair
+    gap = seg.start[o2[pair + 1]] - seg.end[o2[pair]]
+    # Group id per gap from its replay's (device, graph) rank and its stream rank: small ints, so
+    # device/graph/stream are looked up only for each group's first gap.
+    dg_rank, ndg = _dense_ranks((seg.rdev.astype(np.int64) << 32) | seg.rgraph)
+    rp = r2[pair]
+    gid = dg_rank[rp].astype(np.int64) * seg.nstreams + s2[pair]
+    order, heads = _group_order(gid, ndg * seg.nstreams)
+    h = order[heads]
+    gaps = StreamGaps(
+        device=seg.rdev[rp[h]],
+        graph=seg.rgraph[rp[h]],
+        stream=seg.stream[o2[pair[h]]],
+        offsets=np.r_[heads, len(gap)].astype(np.int64),
+        values=gap[order],
+    ) if len(gap) else _empty_gaps()
+    return Analysis(trace, _replay_rows(trace, seg, busy, first_stream), gaps)
+
+
+class _Segments(NamedTuple):
+    """Graph kernels in replay order (stable sort by replay key) and one row per replay."""
+
+    rid: np.ndarray  # replay row of each kernel
+    start: np.ndarray
+    end: np.ndarray
+    stream: np.ndarray
+    srank: np.ndarray  # dense rank of the stream id (int32)
+    nstreams: int
+    rel_s: np.ndarray  # start - the replay's first start
+    rel_e: np.ndarray
+    rstart: np.ndarray  # first kernel of each replay
+    rdev: np.ndarray  # per replay, in replay-key order
+    rcorr: np.ndarray
+    rgraph: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+
+def _segment(trace: Trace) -> _Segments | None:
+    """Replays of the graph kernels of ``trace`` (None when it has none)."""
     gmask = trace.graph >= 0
     idx = None if gmask.all() else np.flatnonzero(gmask)
 
@@ -91,8 +139,8 @@ def analyze(trace: Trace) -> Analysis:
 
     dev, corr = col(trace.device), col(trace.correlation_id)
     if len(dev) == 0:
-        return Analysis(trace, _empty_replays(), _empty_gaps())
-    # 1. replays: stable sort by (device, correlation id)
+        return None
+    # stable sort by (device, correlation id)
     dc = replay_key(dev, corr)
     o1 = np.argsort(dc, kind="stable")
     dcs = dc[o1]
@@ -101,71 +149,62 @@ def analyze(trace: Trace) -> Analysis:
     np.not_equal(dcs[1:], dcs[:-1], out=new[1:])
     rstart = np.flatnonzero(new)
     rid = np.cumsum(new) - 1
-    nrep = len(rstart)
     start = col(trace.start_ns)[o1]
     end = col(trace.end_ns)[o1]
     stream = col(trace.stream)[o1]
     head = o1[rstart]
-    rdev, rcorr, rgraph = dev[head], corr[head], col(trace.graph)[head]
-
     first = np.minimum.reduceat(start, rstart)
     last = np.maximum.reduceat(end, rstart)
-    span = last - first
-    kernels = np.diff(np.r_[rstart, len(start)]).astype(np.int64)
-    rel_s = start - first[rid]
-    rel_e = end - first[rid]
     srank, nstreams = _dense_ranks(stream)
+    return _Segments(rid, start, end, stream, srank, nstreams, start - first[rid], end - first[rid], rstart,
+                     dev[head], corr[head], col(trace.graph)[head], first, last)
 
-    tb = int(rel_e.max()).bit_length()
+
+def _busy(seg: _Segments) -> tuple[np.ndarray, np.ndarray]:
+    """Union busy time per replay and the stream of each replay's first kernel (by start)."""
+    nrep = len(seg.rstart)
+    tb = int(seg.rel_e.max()).bit_length()
     rb = max(1, int(nrep - 1).bit_length())
-    sb = max(1, int(nstreams - 1).bit_length())
-    packs = rb + sb + tb <= 62
-    # 2. union busy per replay: order by (replay, start)
+    # order by (replay, start)
     if rb + tb <= 62:
-        o3 = np.argsort((rid << tb) | rel_s, kind="stable")
+        o3 = np.argsort((seg.rid << tb) | seg.rel_s, kind="stable")
     else:
-        o3 = np.lexsort((rel_s, rid))
+        o3 = np.lexsort((seg.rel_s, seg.rid))
     # o3 only reorders kernels inside each replay's block, so rid and the block starts are unchanged.
-    busy = _union_busy_sorted(rid, rel_s[o3], rel_e[o3], nrep, rstart)
-    # 3. per-stream gaps: order by (replay, stream, start, end)
-    if packs:
-        key = (rid << (sb + tb)) | (srank.astype(np.int64) << tb) | rel_s
+    busy = _union_busy_sorted(seg.rid, seg.rel_s[o3], seg.rel_e[o3], nrep, seg.rstart)
+    return busy, seg.stream[o3[seg.rstart]]
+
+
+def _stream_order(seg: _Segments) -> np.ndarray:
+    """Order of the kernels by (replay, stream, start, end): each (replay, stream) one sorted run."""
+    nrep = len(seg.rstart)
+    tb = int(seg.rel_e.max()).bit_length()
+    rb = max(1, int(nrep - 1).bit_length())
+    sb = max(1, int(seg.nstreams - 1).bit_length())
+    if rb + sb + tb <= 62:
+        key = (seg.rid << (sb + tb)) | (seg.srank.astype(np.int64) << tb) | seg.rel_s
         o2 = np.argsort(key, kind="stable")
         ks = key[o2]
-        if (ks[1:] == ks[:-1]).any():  # equal starts on one stream: order those by end, exactly
-            o2 = np.lexsort((rel_e, rel_s, srank, rid))
-    else:
-        o2 = np.lexsort((rel_e, rel_s, srank, rid))
-    r2, s2 = rid[o2], srank[o2]
-    same = (r2[1:] == r2[:-1]) & (s2[1:] == s2[:-1])
-    pair = np.flatnonzero(same)  # position (in o2 order) of the earlier kernel of each pair
-    gap = start[o2[pair + 1]] - end[o2[pair]]
-    # Group id per gap from its replay's (device, graph) rank and its stream rank: small ints, so
-    # device/graph/stream are looked up only for each group's first gap.
-    dg_rank, ndg = _dense_ranks((rdev.astype(np.int64) << 32) | rgraph)
-    rp = r2[pair]
-    gid = dg_rank[rp].astype(np.int64) * nstreams + s2[pair]
-    order, heads = _group_order(gid, ndg * nstreams)
-    h = order[heads]
-    gaps = StreamGaps(
-        device=rdev[rp[h]],
-        graph=rgraph[rp[h]],
-        stream=stream[o2[pair[h]]],
-        offsets=np.r_[heads, len(gap)].astype(np.int64),
-        values=gap[order],
-    ) if len(gap) else _empty_gaps()
+        if not (ks[1:] == ks[:-1]).any():
+            return o2
+    # keys do not pack, or equal starts on one stream: order those by end, exactly
+    return np.lexsort((seg.rel_e, seg.rel_s, seg.srank, seg.rid))
 
+
+def _replay_rows(trace: Trace, seg: _Segments, busy: np.ndarray, first_stream: np.ndarray) -> Replays:
+    """The per-replay table, sorted by (device, first start)."""
+    rdev, first, last = seg.rdev, seg.first, seg.last
+    span = last - first
+    kernels = np.diff(np.r_[seg.rstart, len(seg.start)]).astype(np.int64)
     # First kernel's stream stands in for an unknown launch stream.
-    first_stream = stream[o3[rstart]]
-    latency, lstream = _launch_info(trace, rdev, rcorr, first)
+    latency, lstream = _launch_info(trace, rdev, seg.rcorr, first)
     rstream = np.where(lstream >= 0, lstream, first_stream)
     inter = _inter_replay(rdev, rstream, first, last)
-
     o = np.lexsort((first, rdev))  # one row per replay: small
-    replays = Replays(
+    return Replays(
         device=rdev[o],
-        graph=rgraph[o],
-        correlation_id=rcorr[o],
+        graph=seg.rgraph[o],
+        correlation_id=seg.rcorr[o],
         first_start_ns=first[o],
         last_end_ns=last[o],
         span_ns=span[o],
@@ -175,7 +214,76 @@ def analyze(trace: Trace) -> Analysis:
         launch_latency_ns=latency[o],
         inter_replay_gap_ns=inter[o],
     )
-    return Analysis(trace, replays, gaps)
+
+
+@dataclass(frozen=True)
+class ReplayStreamGaps:
+    """One row per (replay, stream) of the graph kernels of a trace, in (replay, stream id) order."""
+
+    device: np.ndarray  # int32
+    graph: np.ndarray  # int32 index into trace.graphs
+    correlation_id: np.ndarray  # int64, identifies the replay with device
+    replay: np.ndarray  # int64 replay number (0..R-1, in replay-key = (device, correlation) order)
+    stream: np.ndarray  # int64
+    rank: np.ndarray  # int64 rank of the stream's first kernel start within its replay (ties: stream id)
+    first_start_ns: np.ndarray  # int64 first kernel start on this stream in this replay
+    gap_count: np.ndarray  # int64
+    gap_sum_ns: np.ndarray  # int64
+    median_gap_ns: np.ndarray  # float64, NaN when the stream ran one kernel in that replay
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+
+def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
+    """Per-replay, per-stream gap figures: the gaps of :func:`analyze`, kept apart per replay."""
+    return replay_stream_gaps_with_values(trace)[0]
+
+
+def replay_stream_gaps_with_values(trace: Trace) -> tuple[ReplayStreamGaps, np.ndarray, np.ndarray]:
+    """:func:`replay_stream_gaps` plus every gap value (int64 ns) and its row in the result."""
+    seg = _segment(trace)
+    if seg is None:
+        z = np.zeros(0, np.int64)
+        return ReplayStreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, z, z, z, z, z, z, np.zeros(0)), z, z
+    o2 = _stream_order(seg)
+    r2, s2 = seg.rid[o2], seg.srank[o2]
+    new_group = np.r_[True, (r2[1:] != r2[:-1]) | (s2[1:] != s2[:-1])]
+    heads = np.flatnonzero(new_group)
+    gid = np.cumsum(new_group) - 1
+    same = ~new_group[1:]
+    gap = (seg.start[o2[1:]] - seg.end[o2[:-1]])[same]
+    ggrp = gid[1:][same]
+    # Sort gaps within each group for exact medians (numpy's linear interpolation).
+    go = np.lexsort((gap, ggrp))
+    gap, ggrp = gap[go], ggrp[go]
+    counts = np.bincount(ggrp, minlength=len(heads)).astype(np.int64)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    med = grouped_quantiles(gap, offsets, (0.5,))[:, 0]
+    rid = r2[heads]
+    first = seg.start[o2[heads]]  # rows sorted by start within the group
+    stream = seg.stream[o2[heads]]
+    # Rank of each stream within its replay by first start (ties by stream id).
+    ro = np.lexsort((stream, first, rid))
+    rhead = np.r_[True, rid[ro][1:] != rid[ro][:-1]]
+    pos = np.arange(len(ro)) - np.maximum.accumulate(np.where(rhead, np.arange(len(ro)), 0))
+    rank = np.empty(len(ro), np.int64)
+    rank[ro] = pos
+    rows = ReplayStreamGaps(
+        device=seg.rdev[rid], graph=seg.rgraph[rid], correlation_id=seg.rcorr[rid], replay=rid.astype(np.int64),
+        stream=stream, rank=rank, first_start_ns=first, gap_count=counts, gap_sum_ns=grouped_sums(gap, offsets),
+        median_gap_ns=med,
+    )
+    return rows, gap, ggrp
+
+
+def stream_order(rsg: ReplayStreamGaps, rows: np.ndarray) -> list[int]:
+    """Stream ids of ``rows`` (one graph) ordered by median per-replay rank of their first kernel
+    (ties: id): the stream's role in the graph, stable across captures whose stream ids differ."""
+    st = rsg.stream[rows]
+    ids = np.unique(st)
+    med = [float(np.median(rsg.rank[rows][st == s])) for s in ids]
+    return [int(s) for _, s in sorted(zip(med, ids.tolist()))]
 
 
 def _dense_ranks(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -272,59 +380,6 @@ def _group_order(gid: np.ndarray, ngid: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(gid, minlength=ngid)
     heads = (np.cumsum(counts) - counts)[counts > 0]
     return o, heads
-
-
-# ---------------------------------------------------------------------- statistics
-def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES, presorted: bool = False) -> np.ndarray:
-    """Exact quantiles per contiguous group of ``values`` (``values[offsets[g]:offsets[g+1]]``).
-
-    Returns float64 (groups x len(qs)); NaN for empty groups. Linear interpolation between order
-    statistics, identical to ``np.quantile(group, q)``. Unsorted groups are handled with
-    ``np.partition`` (linear time) unless ``presorted``.
-    """
-    counts = np.diff(offsets)
-    out = np.full((len(counts), len(qs)), np.nan)
-    for g in np.flatnonzero(counts > 0).tolist():
-        v = values[offsets[g] : offsets[g + 1]]
-        n = len(v)
-        pos = np.asarray(qs, dtype=np.float64) * (n - 1)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        if not presorted:
-            v = np.partition(v, np.unique(np.r_[lo, hi]))
-        vlo, vhi = v[lo].astype(np.float64), v[hi].astype(np.float64)
-        out[g] = vlo + (vhi - vlo) * (pos - lo)
-    return out
-
-
-def grouped_minmax(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-group min and max (groups must be non-empty)."""
-    return np.minimum.reduceat(values, offsets[:-1]), np.maximum.reduceat(values, offsets[:-1])
-
-
-def grouped_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Exact int64 sums per contiguous group (empty groups give 0)."""
-    counts = np.diff(offsets)
-    out = np.zeros(len(counts), dtype=np.int64)
-    ok = counts > 0
-    if ok.any():
-        out[ok] = np.add.reduceat(values, offsets[:-1][ok])
-    return out
-
-
-def summarize(values: np.ndarray, qs=QUANTILES) -> dict[str, float]:
-    """count/mean/min/max/quantiles of one 1-D sample (sorted or not)."""
-    v = np.sort(np.asarray(values, dtype=np.int64))
-    if len(v) == 0:
-        return {"count": 0}
-    qv = grouped_quantiles(v, np.array([0, len(v)]), qs)[0]
-    out = {"count": int(len(v)), "mean": float(v.sum() / len(v)), "min": int(v[0]), "max": int(v[-1])}
-    out.update({f"p{_qname(q)}": float(x) for q, x in zip(qs, qv)})
-    return out
-
-
-def _qname(q: float) -> str:
-    return f"{q * 100:g}"
 
 
 def replay_groups(replays: Replays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from graphmon.cli import main
-from graphmon.analysis.compare import Thresholds, compare, replay_stream_gaps, shift_test, verdict
+from graphmon.analysis.compare import compare
+from graphmon.analysis.replays import replay_stream_gaps
+from graphmon.analysis.significance import Thresholds, shift_test, verdict
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace, TraceError
 from helpers import KINETO, NATIVE, WIDEN_NS, half, only, synthetic_trace, widen
