@@ -48,10 +48,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Exit 1 when a regression is flagged (so it can gate CI), 0 otherwise, 2 on bad input."""
-    try:
-        import scipy  # noqa: F401  (the statistics need it; optional extra)
-    except ImportError:
-        raise CliError("graphmon compare needs scipy: pip install 'graphmon[ab]'") from None
     from graphmon.analysis.compare import Thresholds, compare
     from graphmon.formats.read import read_trace
 
@@ -81,9 +77,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     try:
         import matplotlib  # noqa: F401
-        import scipy  # noqa: F401
     except ImportError:
-        raise CliError("graphmon ab needs scipy and matplotlib: pip install 'graphmon[ab]'") from None
+        raise CliError("graphmon ab needs matplotlib: pip install 'graphmon[ab]'") from None
     from graphmon.analysis import ab
     from graphmon.report.ab_files import load_raw, save_raw
     from graphmon.report.jsonsafe import json_safe

@@ -9,7 +9,7 @@ graphmon.report.plots.plot_ab, the raw-data folder graphmon.report.ab_files.
 Why several instances per arm: two captures of the same graph differ by up to ±1.5% in step
 time on an H200 (shared/notes), as much as the effect being looked for. The unit of evidence for
 step time is therefore the *instance* (its median replay time); the ratio's confidence interval
-is a bootstrap over instances (scipy.stats.bootstrap, percentile), never over replays, which
+is a percentile bootstrap over instances (analysis.significance.bootstrap_ci), never over replays, which
 would pretend that 250 replays of one instance are 250 independent captures.
 
 Why windows: kernel tracing perturbs replays by 12-33% while on, so step time is measured only

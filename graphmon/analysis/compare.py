@@ -10,8 +10,8 @@ A (graph, stream) pair is flagged as a **regression** only when all of these hol
 - at least ``min_replays`` replays with gaps on each side;
 - the median of the per-replay medians grew by at least ``min_shift_ns`` (default 128 ns = 4
   ticks) AND by at least ``min_rel`` of the baseline (default 20%);
-- a two-sided Mann-Whitney U test on the per-replay medians (scipy; tie-corrected, so the 32 ns
-  quantisation is handled) gives a p-value below ``alpha`` after a Bonferroni correction over all
+- a two-sided Mann-Whitney U test on the per-replay medians (graphmon.analysis.significance;
+  tie-corrected, so the 32 ns quantisation is handled) gives a p-value below ``alpha`` after a Bonferroni correction over all
   tested pairs.
 The same rule with the sign reversed reports an "improvement" (never fails CI).
 

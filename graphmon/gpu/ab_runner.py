@@ -124,12 +124,6 @@ def environment() -> dict:
                 pass
     except ImportError:
         pass
-    try:
-        import scipy
-
-        env["scipy"] = scipy.__version__
-    except ImportError:
-        pass
     from graphmon import __version__
 
     env["graphmon"] = __version__
