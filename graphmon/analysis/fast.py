@@ -30,6 +30,7 @@ from graphmon.analysis.results import (Analysis, ReplaySegments, StreamGaps, Str
 from graphmon.model.trace import Trace, replay_key
 
 INT16_GROUPS = 1 << 15  # below this many (device, graph, stream) groups the sort key is int16: radix sort
+ARGMIN_LOOP_MAX = 1024  # replays whose first record is not the earliest: up to this many, one argmin each
 
 
 class Unordered(Exception):
@@ -131,36 +132,48 @@ def _pairs(rid_o, start_o, end_o, gcount) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _busy(start, end, segs: ReplaySegments, counts) -> tuple[np.ndarray, np.ndarray]:
-    """Union busy time per replay, and the stream row of each replay's first kernel (by start;
-    first in input order among equal starts, as the reference)."""
+    """Union busy time per replay, and the row of each replay's first kernel (by start; first in
+    input order among equal starts, as the reference)."""
     nrep = len(segs.rstart)
     tb = max(1, int((segs.last - segs.first).max()).bit_length())  # any end - first start fits
     rb = max(1, int(nrep - 1).bit_length())
-    key = np.repeat(segs.first, counts)
-    np.subtract(start, key, out=key)  # start relative to the replay's first start
-    zero = np.flatnonzero(key == 0)
-    first_row = zero[np.r_[True, np.diff(np.searchsorted(segs.rstart, zero, side="right")) != 0]]
     dur = np.subtract(end, start)
     db = max(1, int(dur.max()).bit_length())
     if rb + tb + db > 62:
         raise Unordered("keys_too_wide")
-    # key = replay << (tb + db) | relative start << db | duration: sorting these values orders
-    # each replay's kernels by start, and replays stay apart.
-    np.left_shift(key, db, out=key)
-    key |= dur
-    if nrep > 1:
-        key |= np.repeat(np.arange(nrep, dtype=np.int64) << (tb + db), counts)
+    first_row = _first_rows(start, segs)
+    # key = replay << (tb + db) | (start - first start) << db | duration: sorting these values
+    # orders each replay's kernels by start and keeps replays apart. Built as
+    # (start << db) + duration + ((replay << (tb + db)) - (first << db)) in uint64, whose wrap-around
+    # is exact modulo 2**64: the intermediate terms overflow, the sum (< 2**62) does not.
+    u = np.uint64
+    key = np.left_shift(start.view(u), u(db))
+    key += dur.view(u)
+    key += np.repeat((np.arange(nrep, dtype=u) << u(tb + db)) - (segs.first.view(u) << u(db)), counts)
     key.sort(kind="stable")  # timsort: the input is nearly sorted
     # In "offset time" t' = replay << tb | relative time, replays never overlap, so one running
     # maximum of ends serves all replays. A kernel adds cm_i - max(s'_i, cm_{i-1}) (>= 0), where cm
     # is the running maximum of ends: the part of it not covered by earlier kernels.
-    s = np.right_shift(key, db)
-    np.bitwise_and(key, (1 << db) - 1, out=dur)
-    np.add(dur, s, out=dur)  # end in offset time
-    np.maximum.accumulate(dur, out=dur)
-    np.maximum(s[1:], dur[:-1], out=s[1:])
-    np.subtract(dur, s, out=dur)
-    return np.add.reduceat(dur, segs.rstart), first_row
+    s = np.right_shift(key, u(db))
+    np.bitwise_and(key, u((1 << db) - 1), out=key)
+    key += s  # end in offset time
+    np.maximum.accumulate(key, out=key)
+    np.maximum(s[1:], key[:-1], out=s[1:])
+    key -= s
+    return np.add.reduceat(key, segs.rstart).astype(np.int64), first_row
+
+
+def _first_rows(start, segs: ReplaySegments) -> np.ndarray:
+    """Row of each replay's earliest kernel, the first in input order among equal starts."""
+    rows = segs.rstart.copy()
+    late = np.flatnonzero(start[rows] != segs.first)  # replays whose first record is not the earliest
+    ends = np.r_[segs.rstart[1:], len(start)]
+    if len(late) <= ARGMIN_LOOP_MAX:  # few: one argmin each
+        for r in late.tolist():
+            rows[r] += int(np.argmin(start[segs.rstart[r] : ends[r]]))  # argmin: first of equal minima
+        return rows
+    zero = np.flatnonzero(start == np.repeat(segs.first, np.diff(np.r_[segs.rstart, len(start)])))
+    return zero[np.r_[True, np.diff(np.searchsorted(segs.rstart, zero, side="right")) != 0]]
 
 
 def analyze_grouped(trace: Trace) -> Analysis:

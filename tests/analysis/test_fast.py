@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from graphmon.analysis import replays
 from graphmon.analysis.fast import Unordered, analyze_grouped, grouped_runs
+from graphmon.analysis.results import NO_VALUE
 from graphmon.analysis.reference import analyze_reference, reference_runs
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import GraphInfo, Trace, concat
@@ -208,3 +209,22 @@ def test_equal_starts_on_one_stream_must_come_in_end_order():
     a = replays.analyze(bad)
     assert_identical(a, analyze_reference(bad))
     assert sorted(a.gaps.values.tolist()) == [-50, 120]  # (100, 150) -> (100, 180) -> (300, 400)
+
+
+@pytest.mark.parametrize("loop_max", [0, 1024])
+def test_first_kernel_by_start_both_ways(monkeypatch, loop_max):
+    """The stream of a replay's earliest kernel (first in input order among equal starts) stands
+    in for an unknown launch stream: per-replay argmin or the vectorised search give the same."""
+    from graphmon.analysis import fast
+
+    monkeypatch.setattr(fast, "ARGMIN_LOOP_MAX", loop_max)
+    rows = [(200, 300, 2, 1), (100, 150, 1, 1), (100, 120, 3, 1),  # earliest: stream 1 (first of the tie)
+            (500, 600, 1, 2), (450, 700, 4, 2),  # earliest: stream 4, not first in input
+            (900, 950, 5, 3)]
+    a = np.array(rows, dtype=np.int64)
+    t = Trace.build(start_ns=a[:, 0], end_ns=a[:, 1], stream=a[:, 2], correlation_id=a[:, 3],
+                    graph_id=np.ones(len(a), np.int64))
+    assert fast._first_rows(t.start_ns, fast._segments(t.start_ns, t.end_ns, t.device, t.correlation_id,
+                                                       t.graph)[0]).tolist() == [1, 4, 5]
+    assert_identical(analyze_grouped(t), analyze_reference(t))
+    assert replays.analyze(t).replays.inter_replay_gap_ns.tolist()[1:] == [NO_VALUE, NO_VALUE]  # own streams
