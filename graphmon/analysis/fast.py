@@ -2,21 +2,20 @@
 and profilers deliver them: bit-identical to reference.py, at memory speed.
 
 What the data guarantees, checked here in O(n) (the caller falls back to reference.py where a
-check fails):
-- replays arrive grouped: the kernels of one (device, correlation id) are contiguous, and the
-  blocks come in increasing replay-key order (a graph launch's records arrive together, and
-  correlation ids grow with launches);
-- each stream's kernels of a replay arrive in (start, end) order (one stream runs its kernels in
-  order).
-Then no general sort is needed:
+check fails): replays arrive grouped, i.e. the kernels of one (device, correlation id) are
+contiguous and the blocks come in increasing replay-key order (a graph launch's records arrive
+together, and correlation ids grow with launches). And, for speed only: each stream's kernels of a
+replay arrive in (start, end) order.
+Then no general sort and no second gather is needed. Each kernel becomes one packed uint64
+(replay, start - replay's first start, duration), and
 - per-stream gaps: ONE stable radix sort of a small group id (the replay's (device, graph) rank
-  and the stream rank, int16) puts every (device, graph, stream) group together, replays in order
-  inside it, each replay's kernels on that stream in start order. Consecutive kernels of one
-  replay in that order are the pairs that make gaps, and the gaps come out already in the order of
-  StreamGaps: no second grouping sort, no double gather.
+  and the stream rank, int16) and one gather of the packed keys put every (device, graph, stream)
+  group together, replays in order inside it, each replay's kernels on that stream in start order
+  (checked; where a stream went back in time the grouped keys are sorted, which timsort does in
+  near-linear time on such input). Consecutive kernels of one replay in that order make the gaps,
+  which come out already in StreamGaps order.
 - busy time (union of a replay's intervals over all streams) needs start order across streams:
-  one sort of packed int64 *values* (replay, start, duration), not an argsort, so no gathers; the
-  input is nearly sorted, so timsort (``kind="stable"``) runs in near-linear time.
+  one in-place sort of the packed *values* (nearly sorted: timsort), then one running maximum.
 Why not numba (issue 16 measured a numba single pass at 23-36M records/s): it costs ~200 MB
 installed and a ~2 s first compile that holds the GIL, in a serving process too, while this numpy
 formulation reaches the target (bench/results/analysis-throughput.json).
@@ -85,9 +84,30 @@ def _stream_table(stream: np.ndarray):
     return table[shifted], (ids + lo).astype(stream.dtype)
 
 
-def _stream_sorted(start, end, stream, segs: ReplaySegments, counts):
-    """Kernels in (device-graph, stream, replay, start) order and what the gaps need."""
-    nrep = len(segs.rstart)
+class _Layout:
+    """Bit layout of the packed per-kernel key: replay << (tb + db) | start - first start << db |
+    duration, in uint64 (a replay's relative times and durations are small)."""
+
+    def __init__(self, segs: ReplaySegments, dur: np.ndarray):
+        self.tb = max(1, int((segs.last - segs.first).max()).bit_length())  # any end - first start fits
+        self.rb = max(1, int(len(segs.rstart) - 1).bit_length())
+        self.db = max(1, int(dur.max()).bit_length())
+        if self.rb + self.tb + self.db > 62:
+            raise Unordered("keys_too_wide")
+
+    def pack(self, start, dur, segs: ReplaySegments, counts) -> np.ndarray:
+        # (start << db) + duration + ((replay << (tb + db)) - (first << db)) in uint64, whose
+        # wrap-around is exact modulo 2**64: intermediate terms overflow, the sum (< 2**62) does not.
+        u = np.uint64
+        key = np.left_shift(start.view(u), u(self.db))
+        key += dur.view(u)
+        key += np.repeat((np.arange(len(counts), dtype=u) << u(self.tb + self.db)) - (segs.first.view(u) << u(self.db)),
+                         counts)
+        return key
+
+
+def _group_ids(stream, segs: ReplaySegments, counts):
+    """Per kernel: (device, graph) rank of its replay * streams + stream rank, int16 where it fits."""
     srank, stream_ids = _stream_table(stream)
     nstreams = len(stream_ids)
     # (device, graph) rank per replay, in the order of the reference: by (device << 32) | graph
@@ -100,67 +120,74 @@ def _stream_sorted(start, end, stream, segs: ReplaySegments, counts):
         dtype = np.int16 if ngroups < INT16_GROUPS else np.int32
         gid = np.repeat((dg_rank.reshape(-1) * nstreams).astype(dtype), counts)
         gid += srank
-    o = np.argsort(gid, kind="stable")  # radix sort for int16 keys
-    gcount = np.bincount(gid, minlength=ngroups)
-    rid = np.repeat(np.arange(nrep, dtype=np.int32 if nrep < 2**31 else np.int64), counts)
-    return o, rid[o], start[o], end[o], gcount, stream_ids, dg_first
+    return gid, ngroups, stream_ids, dg_first
 
 
-def _pairs(rid_o, start_o, end_o, gcount) -> tuple[np.ndarray, np.ndarray]:
-    """Which consecutive kernels (in stream-sorted order) are consecutive on one stream of one
-    replay (length n, last False), and start[k+1] - start[k] (raises Unordered where a stream's
-    starts go back)."""
-    n = len(rid_o)
-    same = np.empty(n, dtype=bool)  # same[k]: kernels k and k+1 are a pair; the last slot is padding
-    np.equal(rid_o[1:], rid_o[:-1], out=same[:-1])
-    same[-1] = False
-    cuts = np.cumsum(gcount)[:-1]
-    cuts = cuts[(cuts > 0) & (cuts < n)]
-    same[cuts - 1] = False  # same replay, next (device, graph, stream) group: not a pair
-    d = np.subtract(start_o[1:], start_o[:-1])
-    back = d < 0
-    back &= same[:-1]
-    if back.any():
-        raise Unordered("stream_not_in_start_order")
-    tie = d == 0
-    tie &= same[:-1]
-    if tie.any():  # equal starts on one stream: the reference orders those by end
-        k = np.flatnonzero(tie)
-        if (end_o[k + 1] < end_o[k]).any():
-            raise Unordered("stream_not_in_start_order")
-    return same, d
+class _Sorted:
+    """The packed keys grouped by (device-graph, stream) and, within a group, in (replay, start,
+    duration) order: each (replay, stream) one run, ordered as the reference orders it."""
+
+    def __init__(self, key: np.ndarray, gid: np.ndarray, ngroups: int, lay: _Layout):
+        o = np.argsort(gid, kind="stable")  # radix sort for int16 keys: input order kept per group
+        self.gcount = np.bincount(gid, minlength=ngroups)
+        kg = key[o]  # the one gather
+        del o
+        n = len(kg)
+        cuts = np.cumsum(self.gcount)[:-1]
+        self.cuts = cuts[(cuts > 0) & (cuts < n)]
+        down = kg[1:] < kg[:-1]
+        down[self.cuts - 1] = False  # a new group may start lower
+        self.resorted = bool(down.any())
+        del down
+        u = np.uint64
+        shift = lay.rb + lay.tb + lay.db
+        if self.resorted:
+            # A stream's records went back in time: sort within the groups. The input is nearly
+            # sorted (grouped, mostly in order), so timsort stays near-linear.
+            if ngroups > 1:
+                if shift + int(ngroups - 1).bit_length() > 64:
+                    raise Unordered("keys_too_wide")
+                kg |= np.repeat(np.arange(ngroups, dtype=u) << u(shift), self.gcount)
+            kg.sort(kind="stable")
+        self.rid = kg >> u(lay.tb + lay.db)
+        if self.resorted and ngroups > 1:
+            self.rid &= u((1 << lay.rb) - 1)
+        self.kg = kg
+
+    def pairs(self) -> np.ndarray:
+        """same[k]: sorted kernels k and k+1 are consecutive on one stream of one replay (length n,
+        the last slot False)."""
+        n = len(self.kg)
+        same = np.empty(n, dtype=bool)
+        np.equal(self.rid[1:], self.rid[:-1], out=same[:-1])
+        same[-1] = False
+        same[self.cuts - 1] = False  # same replay, next (device, graph, stream) group: not a pair
+        return same
+
+    def times(self, lay: _Layout) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) relative to each kernel's replay's first start, uint64."""
+        u = np.uint64
+        s = np.right_shift(self.kg, u(lay.db))
+        s &= u((1 << lay.tb) - 1)
+        e = np.bitwise_and(self.kg, u((1 << lay.db) - 1))
+        e += s
+        return s, e
 
 
-def _busy(start, end, segs: ReplaySegments, counts) -> tuple[np.ndarray, np.ndarray]:
-    """Union busy time per replay, and the row of each replay's first kernel (by start; first in
-    input order among equal starts, as the reference)."""
-    nrep = len(segs.rstart)
-    tb = max(1, int((segs.last - segs.first).max()).bit_length())  # any end - first start fits
-    rb = max(1, int(nrep - 1).bit_length())
-    dur = np.subtract(end, start)
-    db = max(1, int(dur.max()).bit_length())
-    if rb + tb + db > 62:
-        raise Unordered("keys_too_wide")
-    first_row = _first_rows(start, segs)
-    # key = replay << (tb + db) | (start - first start) << db | duration: sorting these values
-    # orders each replay's kernels by start and keeps replays apart. Built as
-    # (start << db) + duration + ((replay << (tb + db)) - (first << db)) in uint64, whose wrap-around
-    # is exact modulo 2**64: the intermediate terms overflow, the sum (< 2**62) does not.
-    u = np.uint64
-    key = np.left_shift(start.view(u), u(db))
-    key += dur.view(u)
-    key += np.repeat((np.arange(nrep, dtype=u) << u(tb + db)) - (segs.first.view(u) << u(db)), counts)
+def _busy(key: np.ndarray, lay: _Layout, segs: ReplaySegments) -> np.ndarray:
+    """Union busy time per replay from the packed keys (sorted here, in place)."""
     key.sort(kind="stable")  # timsort: the input is nearly sorted
     # In "offset time" t' = replay << tb | relative time, replays never overlap, so one running
     # maximum of ends serves all replays. A kernel adds cm_i - max(s'_i, cm_{i-1}) (>= 0), where cm
     # is the running maximum of ends: the part of it not covered by earlier kernels.
-    s = np.right_shift(key, u(db))
-    np.bitwise_and(key, u((1 << db) - 1), out=key)
+    u = np.uint64
+    s = np.right_shift(key, u(lay.db))
+    np.bitwise_and(key, u((1 << lay.db) - 1), out=key)
     key += s  # end in offset time
     np.maximum.accumulate(key, out=key)
     np.maximum(s[1:], key[:-1], out=s[1:])
     key -= s
-    return np.add.reduceat(key, segs.rstart).astype(np.int64), first_row
+    return np.add.reduceat(key, segs.rstart).astype(np.int64)
 
 
 def _first_rows(start, segs: ReplaySegments) -> np.ndarray:
@@ -176,19 +203,32 @@ def _first_rows(start, segs: ReplaySegments) -> np.ndarray:
     return zero[np.r_[True, np.diff(np.searchsorted(segs.rstart, zero, side="right")) != 0]]
 
 
-def analyze_grouped(trace: Trace) -> Analysis:
-    """:func:`graphmon.analysis.replays.analyze` for replay-grouped input (raises Unordered)."""
+def _prepare(trace: Trace):
     start, end, stream, dev, corr, graph = _columns(trace)
     if len(start) == 0:
         raise Unordered("empty")  # the reference handles it
     segs, counts = _segments(start, end, dev, corr, graph)
-    o, rid_o, start_o, end_o, gcount, stream_ids, dg_first = _stream_sorted(start, end, stream, segs, counts)
-    same, d = _pairs(rid_o, start_o, end_o, gcount)
-    busy, first_row = _busy(start, end, segs, counts)
-    np.subtract(start_o[1:], end_o[:-1], out=d)
-    values = d[same[:-1]]
+    dur = np.subtract(end, start)
+    lay = _Layout(segs, dur)
+    key = lay.pack(start, dur, segs, counts)
+    del dur
+    gid, ngroups, stream_ids, dg_first = _group_ids(stream, segs, counts)
+    srt = _Sorted(key, gid, ngroups, lay)
+    return start, stream, segs, lay, key, srt, stream_ids, dg_first
+
+
+def analyze_grouped(trace: Trace) -> tuple[Analysis, str]:
+    """:func:`graphmon.analysis.replays.analyze` for replay-grouped input (raises Unordered), and
+    which path it took: "grouped", or "grouped_resorted" when a stream's records needed sorting."""
+    start, stream, segs, lay, key, srt, stream_ids, dg_first = _prepare(trace)
+    same = srt.pairs()
+    s, e = srt.times(lay)
+    gap = np.subtract(s[1:], e[:-1], out=e[:-1])  # wraps to the right negative value as int64
+    values = gap.view(np.int64)[same[:-1]]
+    del s, e, gap
     nstreams = len(stream_ids)
     # gaps per (device-graph, stream) group: the pairs inside the group's slice of the sorted order
+    gcount = srt.gcount
     nonempty = np.flatnonzero(gcount)
     per = np.zeros(len(gcount), np.int64)
     per[nonempty] = np.add.reduceat(same, (np.cumsum(gcount) - gcount)[nonempty], dtype=np.int64)
@@ -199,16 +239,20 @@ def analyze_grouped(trace: Trace) -> Analysis:
         dg, srank = np.divmod(has, nstreams)
         gaps = StreamGaps(device=segs.rdev[dg_first[dg]], graph=segs.rgraph[dg_first[dg]], stream=stream_ids[srank],
                           offsets=np.r_[0, np.cumsum(per[has])].astype(np.int64), values=values)
-    return Analysis(trace, replay_rows(trace, segs, busy, stream[first_row]), gaps)
+    resorted = srt.resorted
+    del srt, same
+    busy = _busy(key, lay, segs)
+    first_row = _first_rows(start, segs)
+    path = "grouped_resorted" if resorted else "grouped"
+    return Analysis(trace, replay_rows(trace, segs, busy, stream[first_row]), gaps), path
 
 
 def grouped_runs(trace: Trace) -> StreamRuns:
     """The kernels with each (replay, stream) one run in (start, end) order (raises Unordered)."""
-    start, end, stream, dev, corr, graph = _columns(trace)
-    if len(start) == 0:
-        raise Unordered("empty")
-    segs, counts = _segments(start, end, dev, corr, graph)
-    o, rid_o, start_o, end_o, gcount, stream_ids, _ = _stream_sorted(start, end, stream, segs, counts)
-    _pairs(rid_o, start_o, end_o, gcount)
-    srank, _ = _stream_table(stream)
-    return StreamRuns(rid_o.astype(np.int64), srank[o].astype(np.int32), start_o, end_o, stream[o], segs)
+    start, stream, segs, lay, key, srt, stream_ids, dg_first = _prepare(trace)
+    rid = srt.rid.astype(np.int64)
+    s, e = srt.times(lay)
+    first = segs.first[rid]
+    gid = np.repeat(np.arange(len(srt.gcount)), srt.gcount)
+    srank = (gid % len(stream_ids)).astype(np.int32)
+    return StreamRuns(rid, srank, first + s.view(np.int64), first + e.view(np.int64), stream_ids[srank], segs)

@@ -28,23 +28,24 @@ from graphmon.analysis.reference import analyze_reference, reference_runs
 from graphmon.analysis.results import NO_VALUE, Analysis, Replays, ReplayStreamGaps, StreamGaps, StreamRuns  # noqa: F401
 from graphmon.model.trace import Trace
 
-# How many analyses took the fast path ("grouped") and how many fell back to the reference, by
-# the reason (the ordering that the records broke). Read by tests and the bench; process-wide.
+# How many analyses took the fast path ("grouped"; "grouped_resorted" when some stream's records
+# needed a sort within their group) and how many fell back to the reference, by the reason
+# ("replays_not_grouped", "keys_too_wide", "empty"). Read by tests and the bench; process-wide.
 PATHS: Counter = Counter()
 
 
 def analyze(trace: Trace) -> Analysis:
     """Segment ``trace`` into replays and compute per-replay figures and per-stream gaps.
 
-    Records in delivery order (grouped by replay, each stream in start order) take the fast path
-    (fast.py); anything else the general reference path (reference.py), with identical results.
+    Records in delivery order (grouped by replay) take the fast path (fast.py); anything else the
+    general reference path (reference.py), with identical results.
     """
     try:
-        out = analyze_grouped(trace)
+        out, path = analyze_grouped(trace)
     except Unordered as e:
         PATHS[e.reason] += 1
         return analyze_reference(trace)
-    PATHS["grouped"] += 1
+    PATHS[path] += 1
     return out
 
 

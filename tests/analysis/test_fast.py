@@ -33,6 +33,11 @@ def assert_identical(a, b):
             assert np.array_equal(u, v), (part, f.name)
 
 
+def analyze_grouped_only(trace):
+    out, _ = analyze_grouped(trace)
+    return out
+
+
 def assert_runs_identical(trace):
     """replay_stream_gaps reads the same runs from either path."""
     a, b = grouped_runs(trace), reference_runs(trace)
@@ -86,17 +91,18 @@ def test_real_cupti_capture_takes_the_fast_path():
     assert_runs_identical(t)
 
 
-def test_fallback_reasons_are_counted():
+def test_paths_and_fallback_reasons_are_counted():
     chain = read_trace(DATA / "h200-graphmon-chain.graphmon.npz", progress=False)
     kineto = read_trace(KINETO, progress=False)
-    with pytest.raises(Unordered, match="stream_not_in_start_order"):
-        analyze_grouped(chain)  # one stream's records are out of start order in this capture
+    # one stream's records go back in time in this capture: sorted within their group, fast path
+    assert analyze_grouped(chain)[1] == "grouped_resorted"
+    assert_runs_identical(chain)
     with pytest.raises(Unordered, match="replays_not_grouped"):
         analyze_grouped(kineto)  # profiler windows repeat correlation ids
     replays.PATHS.clear()
     replays.analyze(chain)
     replays.analyze(kineto)
-    assert dict(replays.PATHS) == {"stream_not_in_start_order": 1, "replays_not_grouped": 1}
+    assert dict(replays.PATHS) == {"grouped_resorted": 1, "replays_not_grouped": 1}
 
 
 def test_multi_device_traces():
@@ -120,7 +126,7 @@ def test_non_graph_kernels_and_launches():
     keep = np.ones(len(t), bool)
     keep[::7] = False  # drop some kernels: the rest stays grouped
     sub = t.select(keep)
-    assert_identical(analyze_grouped(sub), analyze_reference(sub))
+    assert_identical(analyze_grouped_only(sub), analyze_reference(sub))
 
 
 # ---------------------------------------------------------------------- generated traces
@@ -175,7 +181,7 @@ def traces(draw):
 def test_analyze_equals_reference_on_generated_traces(t):
     assert_identical(replays.analyze(t), analyze_reference(t))
     try:
-        assert_identical(analyze_grouped(t), analyze_reference(t))
+        assert_identical(analyze_grouped_only(t), analyze_reference(t))
     except Unordered:
         return
     assert_runs_identical(t)
@@ -195,7 +201,7 @@ def _rsg_reference(t):
 
 
 def test_equal_starts_on_one_stream_must_come_in_end_order():
-    """The reference orders equal starts by end; records that do not are left to it."""
+    """The reference orders equal starts by end; records that do not are sorted first."""
     def build(rows):
         a = np.array(rows, dtype=np.int64)
         return Trace.build(start_ns=a[:, 0], end_ns=a[:, 1], stream=a[:, 2], correlation_id=a[:, 3],
@@ -203,9 +209,9 @@ def test_equal_starts_on_one_stream_must_come_in_end_order():
 
     ok = build([(100, 150, 1, 7), (100, 180, 1, 7), (300, 400, 1, 7)])
     bad = build([(100, 180, 1, 7), (100, 150, 1, 7), (300, 400, 1, 7)])
-    assert_identical(analyze_grouped(ok), analyze_reference(ok))
-    with pytest.raises(Unordered, match="stream_not_in_start_order"):
-        analyze_grouped(bad)
+    assert analyze_grouped(ok)[1] == "grouped"
+    assert_identical(analyze_grouped_only(ok), analyze_reference(ok))
+    assert analyze_grouped(bad)[1] == "grouped_resorted"
     a = replays.analyze(bad)
     assert_identical(a, analyze_reference(bad))
     assert sorted(a.gaps.values.tolist()) == [-50, 120]  # (100, 150) -> (100, 180) -> (300, 400)
@@ -226,5 +232,5 @@ def test_first_kernel_by_start_both_ways(monkeypatch, loop_max):
                     graph_id=np.ones(len(a), np.int64))
     assert fast._first_rows(t.start_ns, fast._segments(t.start_ns, t.end_ns, t.device, t.correlation_id,
                                                        t.graph)[0]).tolist() == [1, 4, 5]
-    assert_identical(analyze_grouped(t), analyze_reference(t))
+    assert_identical(analyze_grouped_only(t), analyze_reference(t))
     assert replays.analyze(t).replays.inter_replay_gap_ns.tolist()[1:] == [NO_VALUE, NO_VALUE]  # own streams
