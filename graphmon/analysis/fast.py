@@ -74,14 +74,15 @@ def _stream_table(stream: np.ndarray):
     if hi - lo >= 1 << 22:
         ids, inv = np.unique(stream, return_inverse=True)
         return inv.reshape(-1).astype(np.int32), ids.astype(stream.dtype)
-    present = np.zeros(hi - lo + 1, dtype=bool)
-    shifted = stream if lo == 0 else stream - lo
+    base = 0 if 0 <= lo and hi < 1 << 22 else lo  # index by the id itself: no shifted copy
+    shifted = stream if base == 0 else stream - base
+    present = np.zeros(hi - base + 1, dtype=bool)
     present[shifted] = True
     ids = np.flatnonzero(present)
     table = np.cumsum(present, dtype=np.int32) - 1
     if len(ids) < INT16_GROUPS:
         table = table.astype(np.int16)
-    return table[shifted], (ids + lo).astype(stream.dtype)
+    return table[shifted], (ids + base).astype(stream.dtype)
 
 
 class _Layout:
@@ -125,20 +126,27 @@ def _group_ids(stream, segs: ReplaySegments, counts):
 
 class _Sorted:
     """The packed keys grouped by (device-graph, stream) and, within a group, in (replay, start,
-    duration) order: each (replay, stream) one run, ordered as the reference orders it."""
+    duration) order: each (replay, stream) one run, ordered as the reference orders it.
+
+    Fresh full-length arrays cost page faults on first touch (as much as the arithmetic), so the
+    argsort's index array, dead after the one gather, is reused as the scratch column below."""
 
     def __init__(self, key: np.ndarray, gid: np.ndarray, ngroups: int, lay: _Layout):
         o = np.argsort(gid, kind="stable")  # radix sort for int16 keys: input order kept per group
-        self.gcount = np.bincount(gid, minlength=ngroups)
+        # group sizes from the group boundaries (bincount would first widen gid to 64 bits)
+        inner = np.searchsorted(gid[o], np.arange(1, ngroups, dtype=gid.dtype))
+        self.gcount = np.diff(np.r_[0, inner, len(gid)])
         kg = key[o]  # the one gather
+        self.scratch = o.view(np.uint64)
         del o
         n = len(kg)
         cuts = np.cumsum(self.gcount)[:-1]
         self.cuts = cuts[(cuts > 0) & (cuts < n)]
-        down = kg[1:] < kg[:-1]
+        self.same = np.empty(n, dtype=bool)  # first: "went back in time"; then: "is a pair"
+        down = self.same[:-1]
+        np.less(kg[1:], kg[:-1], out=down)
         down[self.cuts - 1] = False  # a new group may start lower
         self.resorted = bool(down.any())
-        del down
         u = np.uint64
         shift = lay.rb + lay.tb + lay.db
         if self.resorted:
@@ -149,7 +157,7 @@ class _Sorted:
                     raise Unordered("keys_too_wide")
                 kg |= np.repeat(np.arange(ngroups, dtype=u) << u(shift), self.gcount)
             kg.sort(kind="stable")
-        self.rid = kg >> u(lay.tb + lay.db)
+        self.rid = np.right_shift(kg, u(lay.tb + lay.db), out=self.scratch)
         if self.resorted and ngroups > 1:
             self.rid &= u((1 << lay.rb) - 1)
         self.kg = kg
@@ -157,31 +165,33 @@ class _Sorted:
     def pairs(self) -> np.ndarray:
         """same[k]: sorted kernels k and k+1 are consecutive on one stream of one replay (length n,
         the last slot False)."""
-        n = len(self.kg)
-        same = np.empty(n, dtype=bool)
+        same = self.same
         np.equal(self.rid[1:], self.rid[:-1], out=same[:-1])
         same[-1] = False
         same[self.cuts - 1] = False  # same replay, next (device, graph, stream) group: not a pair
         return same
 
     def times(self, lay: _Layout) -> tuple[np.ndarray, np.ndarray]:
-        """(start, end) relative to each kernel's replay's first start, uint64."""
+        """(start, end) relative to each kernel's replay's first start, uint64, in place: the
+        replay ids and the packed keys are gone afterwards."""
         u = np.uint64
-        s = np.right_shift(self.kg, u(lay.db))
+        s = np.right_shift(self.kg, u(lay.db), out=self.scratch)
         s &= u((1 << lay.tb) - 1)
-        e = np.bitwise_and(self.kg, u((1 << lay.db) - 1))
+        e = np.bitwise_and(self.kg, u((1 << lay.db) - 1), out=self.kg)
         e += s
+        self.rid = self.kg = None
         return s, e
 
 
-def _busy(key: np.ndarray, lay: _Layout, segs: ReplaySegments) -> np.ndarray:
-    """Union busy time per replay from the packed keys (sorted here, in place)."""
+def _busy(key: np.ndarray, lay: _Layout, segs: ReplaySegments, scratch: np.ndarray) -> np.ndarray:
+    """Union busy time per replay from the packed keys (sorted here, in place; ``scratch``: a free
+    uint64 column as long as ``key``)."""
     key.sort(kind="stable")  # timsort: the input is nearly sorted
     # In "offset time" t' = replay << tb | relative time, replays never overlap, so one running
     # maximum of ends serves all replays. A kernel adds cm_i - max(s'_i, cm_{i-1}) (>= 0), where cm
     # is the running maximum of ends: the part of it not covered by earlier kernels.
     u = np.uint64
-    s = np.right_shift(key, u(lay.db))
+    s = np.right_shift(key, u(lay.db), out=scratch)
     np.bitwise_and(key, u((1 << lay.db) - 1), out=key)
     key += s  # end in offset time
     np.maximum.accumulate(key, out=key)
@@ -225,7 +235,7 @@ def analyze_grouped(trace: Trace) -> tuple[Analysis, str]:
     s, e = srt.times(lay)
     gap = np.subtract(s[1:], e[:-1], out=e[:-1])  # wraps to the right negative value as int64
     values = gap.view(np.int64)[same[:-1]]
-    del s, e, gap
+    del e, gap
     nstreams = len(stream_ids)
     # gaps per (device-graph, stream) group: the pairs inside the group's slice of the sorted order
     gcount = srt.gcount
@@ -241,7 +251,7 @@ def analyze_grouped(trace: Trace) -> tuple[Analysis, str]:
                           offsets=np.r_[0, np.cumsum(per[has])].astype(np.int64), values=values)
     resorted = srt.resorted
     del srt, same
-    busy = _busy(key, lay, segs)
+    busy = _busy(key, lay, segs, s)
     first_row = _first_rows(start, segs)
     path = "grouped_resorted" if resorted else "grouped"
     return Analysis(trace, replay_rows(trace, segs, busy, stream[first_row]), gaps), path
@@ -250,7 +260,7 @@ def analyze_grouped(trace: Trace) -> tuple[Analysis, str]:
 def grouped_runs(trace: Trace) -> StreamRuns:
     """The kernels with each (replay, stream) one run in (start, end) order (raises Unordered)."""
     start, stream, segs, lay, key, srt, stream_ids, dg_first = _prepare(trace)
-    rid = srt.rid.astype(np.int64)
+    rid = srt.rid.astype(np.int64)  # a copy: times() reuses the memory
     s, e = srt.times(lay)
     first = segs.first[rid]
     gid = np.repeat(np.arange(len(srt.gcount)), srt.gcount)
