@@ -1,10 +1,8 @@
 """analysis/replays.py against a plain-Python reference, scenario fixtures and the real H200 capture."""
 
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
