@@ -18,11 +18,11 @@ Then no general sort and no second gather is needed. Each kernel becomes one pac
   one in-place sort of the packed *values* (nearly sorted: timsort), then one running maximum.
 Why not numba (issue 16 measured a numba single pass at 23-36M records/s): it costs ~200 MB
 installed and a ~2 s first compile that holds the GIL, and the serving process runs this code.
-This numpy formulation ran 4.3x faster than the reference side by side (median of 5 paired runs,
-bench/results/analysis-throughput.json); the reference was measured at 7.9M records/s on a quiet
-core (issue 16), so ~20-30M is expected there, but the shared machine (load ~8, memory copies at
-~2 GB/s instead of 25) could not show it; if a quiet run falls short, numba as an extra for batch
-``graphmon analyze`` is the next step.
+This numpy formulation ran 4.0x faster than the reference side by side (median of 5 paired runs,
+bench/results/analysis-throughput.json: 11.3M records/s with quantiles, 20.2M for the analysis
+alone, best run 17.8M, on a shared machine at load ~4 whose memory copies ran at 5 GB/s instead
+of the 25 GB/s of a quiet core). If a quiet run falls short of 20M with quantiles, numba as an
+extra for batch ``graphmon analyze`` is the next step.
 """
 
 from __future__ import annotations
