@@ -1,28 +1,38 @@
-"""Analysis throughput on one core: >= 10M kernel records built from the real H200 capture.
+"""Analysis throughput on one core: 10M kernel records built from the real H200 capture.
 
 Tiles the real 467,200-record capture (shifting times and correlation ids per tile) to N records,
-then times each stage of the pipeline a window goes through. Writes bench/results/analysis-throughput.json.
+then times, side by side in one process and alternating which goes first, the analysis + exact
+quantiles with the fast path (graphmon.analysis.replays.analyze) and with today's reference
+implementation (graphmon.analysis.reference.analyze_reference), after checking that both give
+bit-identical results on the tiled trace. The machine may be shared and noisy: each figure is the
+median of --runs runs with min and max, and a plain column copy is timed alongside as a gauge of
+the memory bandwidth the process got. Pinned to CPU 0 (like ``taskset -c 0``) where the OS allows.
+Writes bench/results/analysis-throughput.json.
 
-    python bench/analysis_throughput.py [--records 10000000] [--repeat 3]
+    python bench/analysis_throughput.py [--records 10000000] [--runs 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
-from graphmon.analysis.replays import analyze, grouped_quantiles
-from graphmon.report.summary import graphs_summary
+from graphmon.analysis import replays
+from graphmon.analysis.grouped import grouped_quantiles
+from graphmon.analysis.reference import analyze_reference
 from graphmon.export.snapshot import Aggregator
-from graphmon.model.window import Window
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace
+from graphmon.model.window import Window
+from graphmon.report.summary import graphs_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +42,10 @@ def tiled(base: Trace, n: int) -> Trace:
     span = int(base.end_ns.max() - base.start_ns.min()) + 1_000_000
     corr = int(base.correlation_id.max()) + 1
     k = np.arange(reps, dtype=np.int64)
+
     def tile(col, step):
         return (col[None, :] + (k[:, None] * step)).reshape(-1)[:n]
+
     return Trace.build(
         start_ns=tile(base.start_ns, span), end_ns=tile(base.end_ns, span),
         stream=np.tile(base.stream, reps)[:n], correlation_id=tile(base.correlation_id, corr),
@@ -42,56 +54,97 @@ def tiled(base: Trace, n: int) -> Trace:
     )
 
 
-def best(fn, repeat):
-    # Best of `repeat`: the first run also pays for first-touching fresh memory.
-    times = []
-    out = None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+def identical(a, b) -> bool:
+    for part in ("replays", "gaps"):
+        x, y = getattr(a, part), getattr(b, part)
+        for f in dataclasses.fields(x):
+            u, v = getattr(x, f.name), getattr(y, f.name)
+            if u.dtype != v.dtype or not np.array_equal(u, v):
+                return False
+    return True
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def stats(seconds: list[float], n: int) -> dict:
+    rates = [n / s for s in seconds]
+    return {"seconds": [round(s, 4) for s in seconds], "median_seconds": round(statistics.median(seconds), 4),
+            "records_per_second_median": round(statistics.median(rates)),
+            "records_per_second_min": round(min(rates)), "records_per_second_max": round(max(rates))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench/results/analysis-throughput.json"))
     args = ap.parse_args()
+    pinned = None
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {0})
+            pinned = sorted(os.sched_getaffinity(0))
+        except OSError:
+            pass
     base = read_trace(ROOT / "tests/data/h200-cupti-decode-v1.graphmon.npz")
-    t_build, trace = best(lambda: tiled(base, args.records), 1)
+    t_build, trace = timed(lambda: tiled(base, args.records))
     n = len(trace)
-    t_an, a = best(lambda: analyze(trace), args.repeat)
-    t_q, _ = best(lambda: grouped_quantiles(a.gaps.values, a.gaps.offsets), args.repeat)
-    t_sum, _ = best(lambda: graphs_summary(a), args.repeat)
-    t_agg, _ = best(lambda: Aggregator().ingest(Window(trace, 0.0, 1.0)), 1)
-    # For scale: one stable argsort of the packed (device, correlation) key, and one random gather.
-    dc = (trace.device.astype(np.int64) << 48) ^ trace.correlation_id
-    t_sort, _ = best(lambda: np.argsort(dc, kind="stable"), args.repeat)
-    perm = np.random.default_rng(0).permutation(n)
-    t_gather, _ = best(lambda: trace.start_ns[perm], args.repeat)
+
+    def fast():
+        a = replays.analyze(trace)
+        return a, grouped_quantiles(a.gaps.values, a.gaps.offsets)
+
+    def reference():
+        a = analyze_reference(trace)
+        return a, grouped_quantiles(a.gaps.values, a.gaps.offsets)
+
+    replays.PATHS.clear()
+    a_fast, q_fast = fast()
+    a_ref, q_ref = reference()
+    same = identical(a_fast, a_ref) and np.array_equal(q_fast, q_ref, equal_nan=True)
+    del a_ref, q_ref
+    col = trace.start_ns
+    t_fast, t_ref, t_copy, t_an, t_q = [], [], [], [], []
+    for run in range(args.runs):
+        order = (("fast", fast), ("reference", reference)) if run % 2 == 0 else (("reference", reference), ("fast", fast))
+        for name, fn in order:
+            s, _ = timed(fn)
+            (t_fast if name == "fast" else t_ref).append(s)
+        t_copy.append(timed(col.copy)[0])
+        s, a = timed(lambda: replays.analyze(trace))
+        t_an.append(s)
+        t_q.append(timed(lambda: grouped_quantiles(a.gaps.values, a.gaps.offsets))[0])
+    paths = dict(replays.PATHS)
+    t_sum, _ = timed(lambda: graphs_summary(a_fast))
+    t_agg, _ = timed(lambda: Aggregator().ingest(Window(trace, 0.0, 1.0)))
+    speedups = [r / f for r, f in zip(t_ref, t_fast)]
     res = {
         "records": n,
-        "replays": int(len(a.replays)),
-        "gap_groups": int(len(a.gaps)),
-        "seconds": {
-            "analyze (segment + span/busy/idle + per-stream gaps)": round(t_an, 4),
-            "for scale: one stable argsort of a packed key": round(t_sort, 4),
-            "for scale: one random gather of an int64 column": round(t_gather, 4),
-            "exact quantiles (p10/p50/p90/p99, all groups)": round(t_q, 4),
-            "report summary": round(t_sum, 4),
-            "full window ingest (analyze + histograms + snapshot)": round(t_agg, 4),
-            "Trace.build validation of the tiled trace (incl. tiling)": round(t_build, 4),
+        "replays": int(len(a_fast.replays)),
+        "gap_groups": int(len(a_fast.gaps)),
+        "bit_identical_fast_vs_reference": bool(same),
+        "paths_taken": paths,
+        "target_records_per_second": 20_000_000,
+        "analysis_with_quantiles": {
+            "fast": stats(t_fast, n),
+            "reference (today's implementation)": stats(t_ref, n),
+            "speedup_per_run": [round(x, 2) for x in speedups],
+            "speedup_median": round(statistics.median(speedups), 2),
         },
-        "records_per_second": {
-            "segmentation + gaps + quantiles": round(n / (t_an + t_q)),
-            "full window ingest": round(n / t_agg),
-        },
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores_used": 1,
-                    "python": platform.python_version(), "numpy": np.__version__,
-                    "cpu_count": os.cpu_count()},
-        "command": "python bench/analysis_throughput.py --records %d --repeat %d" % (args.records, args.repeat),
+        "parts_of_fast": {"analyze": stats(t_an, n), "exact quantiles (p10/p50/p90/p99, all groups)": stats(t_q, n)},
+        "memory_gauge": {"copy of one int64 column (80 MB at 10M), seconds": [round(s, 4) for s in t_copy],
+                         "GB_per_second_median": round(n * 8 / statistics.median(t_copy) / 1e9, 2)},
+        "once": {"report summary, seconds": round(t_sum, 4),
+                 "full window ingest (analyze + histograms + snapshot), seconds": round(t_agg, 4),
+                 "Trace.build validation of the tiled trace (incl. tiling), seconds": round(t_build, 4)},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                    "pinned_to_cpus": pinned, "load_average_at_end": list(os.getloadavg()),
+                    "python": platform.python_version(), "numpy": np.__version__},
+        "command": f"python bench/analysis_throughput.py --records {args.records} --runs {args.runs}",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

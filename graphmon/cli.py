@@ -76,10 +76,6 @@ def _check_plot_path(path: str | None) -> None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Exit 1 when a regression is flagged (so it can gate CI), 0 otherwise, 2 on bad input."""
-    try:
-        import scipy  # noqa: F401  (the statistics need it; optional extra)
-    except ImportError:
-        raise CliError("graphmon compare needs scipy: pip install 'graphmon[ab]'") from None
     from graphmon.analysis.compare import Thresholds, compare
     from graphmon.formats.read import read_trace
 
@@ -102,7 +98,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     attr = attribute(base, cur, pairs=pairs, top=args.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                      min_replays=th.min_replays)
     if args.format == "json":
-        json.dump({**result.to_json(), "boundaries": attr.to_json()}, sys.stdout, indent=2)
+        from graphmon.report.jsonsafe import json_safe
+
+        json.dump(json_safe({**result.as_dict(), "boundaries": attr.to_json()}), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(result.format_table() + "\n" + format_attribution(attr))
@@ -120,13 +118,15 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     try:
         import matplotlib  # noqa: F401
-        import scipy  # noqa: F401
     except ImportError:
-        raise CliError("graphmon ab needs scipy and matplotlib: pip install 'graphmon[ab]'") from None
+        raise CliError("graphmon ab needs matplotlib: pip install 'graphmon[ab]'") from None
     from graphmon.analysis import ab
+    from graphmon.report.ab_files import load_raw, save_raw
+    from graphmon.report.jsonsafe import json_safe
+    from graphmon.report.plots import plot_ab
 
     if args.source_dir:
-        arms, meta = ab.load_raw(args.source_dir)
+        arms, meta = load_raw(args.source_dir)
         out = args.out or args.source_dir
     else:
         try:
@@ -137,31 +137,36 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             raise CliError("graphmon ab needs a CUDA GPU (or --from DIR to redo a report)")
         if args.instances < 2:
             raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
-        factories = ab.decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
-                                        batch=args.batch)
+        from graphmon.gpu import ab_runner
+        from graphmon.gpu.workloads import decode_like_arms
+
+        factories = decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
+                                     batch=args.batch)
         if args.baseline == "lazy":
             factories = {"lazy": factories["lazy"], "uploaded": factories["uploaded"]}
-        arms = ab.run_ab(factories, instances=args.instances, rounds=args.rounds,
-                         replays_per_block=args.replays, windows=args.windows, window_replays=args.window_replays,
-                         seed=args.seed, progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
+        arms = ab_runner.run_ab(factories, instances=args.instances, rounds=args.rounds,
+                                replays_per_block=args.replays, windows=args.windows,
+                                window_replays=args.window_replays, seed=args.seed,
+                                progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
         meta = {"command": "graphmon " + " ".join(sys.argv[1:]),
                 "workload": {"hidden": args.hidden, "layers": args.layers, "side_streams": args.side_streams,
                              "batch": args.batch},
                 "design": {"instances": args.instances, "rounds": args.rounds, "replays_per_block": args.replays,
                            "windows": args.windows, "window_replays": args.window_replays, "seed": args.seed},
                 "gap_source": "torch.profiler (Kineto) windows read by graphmon's Kineto reader",
-                "environment": ab.environment()}
+                "environment": ab_runner.environment()}
         out = args.out or "."
-        ab.save_raw(arms, out, meta)
+        save_raw(arms, out, meta)
     result = ab.analyze_ab(arms, meta=meta)
     os.makedirs(out, exist_ok=True)
+    doc = json_safe(result.as_dict())
     with open(os.path.join(out, "ab.json"), "w") as fh:
-        json.dump(ab.result_json(result), fh, indent=2)
+        json.dump(doc, fh, indent=2)
     with open(os.path.join(out, "ab.txt"), "w") as fh:
         fh.write(result.format_table() + "\n")
-    result.plot(os.path.join(out, "ab.png"))
+    plot_ab(result, os.path.join(out, "ab.png"))
     if args.format == "json":
-        json.dump(ab.result_json(result), sys.stdout, indent=2)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(result.format_table())

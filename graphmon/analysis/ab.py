@@ -1,19 +1,15 @@
 """A/B of CUDA-graph variants on one workload (uploaded vs not, or two builds): timing + gaps.
 
-Two halves:
-
-- **Statistics and reporting (pure, CPU-tested)**: :class:`ArmData` holds what was measured for
-  one arm; :func:`analyze_ab` turns arms into an :class:`ABResult` (table, JSON, PNG).
-- **GPU runner** (:func:`run_ab`, torch imported lazily): builds several graph instances per
-  arm, replays them interleaved, times every replay with CUDA events *outside* tracing windows,
-  and records kernels inside a few short torch.profiler (Kineto) windows, read back with
-  graphmon's Kineto reader. :func:`decode_like_arms` is the built-in decode-like workload
-  (48 layers, 3 side streams, 960 kernels per replay) used by ``graphmon ab``.
+Pure statistics of A/B arms (no torch, no files): :class:`ArmData` holds what was measured for
+one arm; :func:`analyze_ab` turns arms into an :class:`ABResult` (table and JSON-ready dict). The
+GPU runner that measures arms is graphmon.gpu.ab_runner (``run_ab``; the built-in decode-like
+workload is graphmon.gpu.workloads.decode_like_arms), the plot is
+graphmon.report.plots.plot_ab, the raw-data folder graphmon.report.ab_files.
 
 Why several instances per arm: two captures of the same graph differ by up to ±1.5% in step
 time on an H200 (shared/notes), as much as the effect being looked for. The unit of evidence for
 step time is therefore the *instance* (its median replay time); the ratio's confidence interval
-is a bootstrap over instances (scipy.stats.bootstrap, percentile), never over replays, which
+is a percentile bootstrap over instances (analysis.significance.bootstrap_ci), never over replays, which
 would pretend that 250 replays of one instance are 250 independent captures.
 
 Why windows: kernel tracing perturbs replays by 12-33% while on, so step time is measured only
@@ -22,10 +18,12 @@ reported as the observer slowdown.
 
 Python API (see docs/upload-ab-report.md for a complete torch example)::
 
-    from graphmon.analysis.ab import run_ab, analyze_ab
+    from graphmon.analysis.ab import analyze_ab
+    from graphmon.gpu.ab_runner import run_ab
+    from graphmon.report.plots import plot_ab
     arms = run_ab({"uploaded": build_uploaded, "lazy": build_lazy}, instances=8)
     result = analyze_ab(arms)           # the first arm is the baseline
-    print(result.format_table()); result.plot("ab.png")
+    print(result.format_table()); plot_ab(result, "ab.png")
 
 where each ``build_*()`` captures a fresh graph and returns a zero-argument callable that
 replays it once (e.g. ``graph.replay``).
@@ -33,16 +31,15 @@ replays it once (e.g. ``graph.replay``).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from graphmon.formats.native import write_trace
-from graphmon.model.trace import Trace, TraceError, concat
+from graphmon.analysis.replays import analyze, replay_stream_gaps_with_values, stream_order
+from graphmon.analysis.significance import Thresholds, bootstrap_ci, judge, shift_test
+from graphmon.model.trace import Trace, TraceError
 
 INSTANCE_SEP = "#"  # graph label of an instance inside tracing windows: "<arm>#<instance>"
 
@@ -110,7 +107,7 @@ class ArmComparison:
     ci_low: float
     ci_high: float
     confidence: float
-    streams: list[dict]  # graphmon.analysis.compare.shift_test per stream rank + verdict
+    streams: list[dict]  # graphmon.analysis.significance.shift_test per stream rank + verdict
 
 
 @dataclass(frozen=True)
@@ -119,22 +116,16 @@ class ABResult:
     comparisons: list[ArmComparison]
     meta: dict
 
-    def to_json(self) -> dict:
-        def clean(v):
-            if isinstance(v, float):
-                return None if not math.isfinite(v) else v
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            if isinstance(v, list):
-                return [clean(x) for x in v]
-            return v
-
+    def as_dict(self) -> dict:
+        """Everything but the raw gaps and the private ("_") meta keys; floats may be NaN/inf
+        (graphmon.report.jsonsafe.json_safe makes it JSON)."""
         arms = []
         for a in self.arms:
             d = {k: v for k, v in a.__dict__.items() if k != "streams"}
             d["streams"] = [{k: v for k, v in s.__dict__.items() if k != "gaps"} for s in a.streams]
             arms.append(d)
-        return clean({"meta": self.meta, "arms": arms, "comparisons": [c.__dict__ for c in self.comparisons]})
+        meta = {k: v for k, v in self.meta.items() if not k.startswith("_")}
+        return {"meta": meta, "arms": arms, "comparisons": [dict(c.__dict__) for c in self.comparisons]}
 
     def format_table(self) -> str:
         lines = [f"{'arm':<16} {'inst':>4} {'step us':>9} {'spread':>7} {'kernels':>7} {'busy us':>9} "
@@ -154,54 +145,6 @@ class ABResult:
                              f"p_adj {s['p_adjusted']:.2g}) {s['verdict']}")
         return "\n".join(lines)
 
-    def plot(self, path: str | os.PathLike) -> None:
-        """PNG: step time per arm (all replays, instance medians marked) and gap ECDFs per stream."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        ranks = sorted({s.rank for a in self.arms for s in a.streams})
-        npanels = 1 + max(1, len(ranks))
-        ncols = min(3, npanels)
-        nrows = -(-npanels // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.8 * nrows), squeeze=False)
-        axes = axes.ravel()
-        for extra in axes[npanels:]:
-            extra.set_axis_off()
-        ax = axes[0]
-        steps = self.meta.get("_step_us", {})
-        for i, a in enumerate(self.arms):
-            vals = np.asarray(steps.get(a.name, []), dtype=np.float64)
-            if vals.size:
-                ax.boxplot(vals.ravel(), positions=[i], widths=0.5, showfliers=False)
-            ax.scatter(np.full(len(a.instance_medians_us), i) + np.linspace(-0.15, 0.15, len(a.instance_medians_us)),
-                       a.instance_medians_us, s=14, zorder=3, label="instance medians" if i == 0 else None)
-        ax.set_xticks(range(len(self.arms)), [a.name for a in self.arms])
-        ax.set_ylabel("GPU time per replay (µs, CUDA events, no tracing)")
-        ax.set_title("step time per arm")
-        ax.legend(loc="best", fontsize=8)
-        for j, r in enumerate(ranks):
-            ax = axes[1 + j]
-            for a in self.arms:
-                s = next((s for s in a.streams if s.rank == r), None)
-                if s is None or not len(s.gaps):
-                    continue
-                v = np.sort(s.gaps)
-                # log x: most gaps are ~0.2-1 µs, the rest are waits on other streams (~10-25 µs)
-                ax.step(np.maximum(v, 1), np.arange(1, len(v) + 1) / len(v), where="post",
-                        label=f"{a.name} (median {s.median_gap_ns:.0f})")
-            ax.set_xscale("log")
-            ax.set_xlabel("gap between consecutive kernels (ns, log; <= 0 drawn at 1)")
-            ax.set_ylabel("fraction of gaps")
-            ax.set_title(f"stream rank {r} (traced windows)")
-            ax.legend(loc="lower right", fontsize=8)
-        if not ranks:
-            axes[1].set_axis_off()
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-
 
 def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:+.1%}"
@@ -210,14 +153,11 @@ def _pct(x: float) -> str:
 # ---------------------------------------------------------------------- statistics
 def _stream_stats(trace: Trace) -> tuple[list[StreamStats], dict]:
     """Per stream role: gaps of all instances pooled by rank (rank consensus per instance graph)."""
-    from graphmon.analysis.replays import analyze
-    from graphmon.analysis.compare import _stream_order, replay_stream_gaps_with_values
-
     rsg, gap_vals, gap_row = replay_stream_gaps_with_values(trace)
     role = np.full(len(rsg), -1, np.int64)
     for g in np.unique(rsg.graph):
         rows = np.flatnonzero(rsg.graph == g)
-        for rank, s in enumerate(_stream_order(rsg, rows)):
+        for rank, s in enumerate(stream_order(rsg, rows)):
             role[rows[rsg.stream[rows] == s]] = rank
     out = []
     for r in np.unique(role[role >= 0]).tolist():
@@ -264,8 +204,6 @@ def summarize_arm(arm: ArmData) -> tuple[ArmSummary, dict]:
 def step_ratio_ci(base_inst: np.ndarray, cur_inst: np.ndarray, *, confidence: float = 0.95,
                   n_resamples: int = 5000, seed: int = 0) -> tuple[float, float, float]:
     """current/baseline ratio of mean per-instance step times, with a bootstrap CI over instances."""
-    from scipy import stats
-
     b, c = np.asarray(base_inst, np.float64), np.asarray(cur_inst, np.float64)
     ratio = float(c.mean() / b.mean())
     if min(len(b), len(c)) < 2:
@@ -274,16 +212,13 @@ def step_ratio_ci(base_inst: np.ndarray, cur_inst: np.ndarray, *, confidence: fl
     def stat(x, y, axis=-1):
         return np.mean(x, axis=axis) / np.mean(y, axis=axis)
 
-    res = stats.bootstrap((c, b), stat, n_resamples=n_resamples, confidence_level=confidence,
-                          method="percentile", vectorized=True, rng=np.random.default_rng(seed))
-    return ratio, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    lo, hi = bootstrap_ci(c, b, stat, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return ratio, lo, hi
 
 
 def analyze_ab(arms: Sequence[ArmData], *, baseline: int = 0, confidence: float = 0.95, thresholds=None,
                seed: int = 0, meta: Mapping | None = None) -> ABResult:
     """Summaries per arm and each other arm compared with ``arms[baseline]``."""
-    from graphmon.analysis.compare import Thresholds, shift_test, verdict
-
     if len(arms) < 2:
         raise TraceError("an A/B needs at least two arms")
     if len({a.name for a in arms}) != len(arms):
@@ -297,7 +232,6 @@ def analyze_ab(arms: Sequence[ArmData], *, baseline: int = 0, confidence: float 
             continue
         ratio, lo, hi = step_ratio_ci(np.median(base.step_us, axis=1), np.median(a.step_us, axis=1),
                                       confidence=confidence, seed=seed)
-        rows = []
         ranks = sorted(set(meds[baseline]) & set(meds[i]))
         tested = []
         for r in ranks:
@@ -306,10 +240,8 @@ def analyze_ab(arms: Sequence[ArmData], *, baseline: int = 0, confidence: float 
             if min(len(vb), len(vc)) < th.min_replays:
                 continue
             tested.append((r, shift_test(vb, vc, th)))
-        for r, t in tested:
-            p_adj = min(1.0, t["p_value"] * len(tested))
-            rows.append({"rank": r, **t, "p_adjusted": p_adj,
-                         "verdict": verdict(t["shift_ns"], t["rel_shift"], p_adj, th)})
+        rows = [{"rank": r, **t, "p_adjusted": p_adj, "verdict": v}
+                for (r, t), (p_adj, v) in zip(tested, judge([t for _, t in tested], th))]
         comps.append(ArmComparison(baseline=base.name, current=a.name, step_ratio=ratio, ci_low=lo, ci_high=hi,
                                    confidence=confidence, streams=rows))
     m = dict(meta or {})
@@ -317,50 +249,7 @@ def analyze_ab(arms: Sequence[ArmData], *, baseline: int = 0, confidence: float 
     return ABResult(arms=list(sums), comparisons=comps, meta=m)
 
 
-def result_json(result: ABResult) -> dict:
-    d = result.to_json()
-    d["meta"] = {k: v for k, v in d["meta"].items() if not k.startswith("_")}
-    return d
-
-
-# ---------------------------------------------------------------------- raw data on disk
-def save_raw(arms: Sequence[ArmData], directory: str | os.PathLike, meta: Mapping | None = None) -> None:
-    """Step times (npz), one native trace per arm and meta (JSON): enough to redo the report on a CPU."""
-    os.makedirs(directory, exist_ok=True)
-    arrays = {}
-    for a in arms:
-        arrays[f"step_us__{a.name}"] = a.step_us
-        if a.traced_step_us is not None:
-            arrays[f"traced_step_us__{a.name}"] = a.traced_step_us
-        if a.trace is not None:
-            write_trace(a.trace, os.path.join(directory, f"trace-{a.name}.graphmon.npz"))
-    np.savez_compressed(os.path.join(directory, "ab-raw.npz"), **arrays)
-    with open(os.path.join(directory, "ab-meta.json"), "w") as fh:
-        json.dump({"arms": [a.name for a in arms], **dict(meta or {})}, fh, indent=2, default=str)
-
-
-def load_raw(directory: str | os.PathLike) -> tuple[list[ArmData], dict]:
-    from graphmon.formats.read import read_trace
-
-    try:
-        with open(os.path.join(directory, "ab-meta.json")) as fh:
-            meta = json.load(fh)
-        raw = np.load(os.path.join(directory, "ab-raw.npz"))
-    except (OSError, ValueError) as e:
-        raise TraceError(f"{directory}: not an A/B raw-data folder ({e})") from None
-    arms = []
-    for name in meta["arms"]:
-        tp = os.path.join(directory, f"trace-{name}.graphmon.npz")
-        arms.append(ArmData(
-            name=name, step_us=raw[f"step_us__{name}"],
-            traced_step_us=raw[f"traced_step_us__{name}"] if f"traced_step_us__{name}" in raw else None,
-            trace=read_trace(tp, progress=False) if os.path.exists(tp) else None,
-        ))
-    return arms, meta
-
-
-# ---------------------------------------------------------------------- GPU runner
-def _offset_correlation(trace: Trace, offset: int) -> Trace:
+def offset_correlation(trace: Trace, offset: int) -> Trace:
     """Correlation ids restart per profiler session: shift them so windows can be concatenated."""
     launches = dict(trace.launches)
     launches["correlation_id"] = launches["correlation_id"] + offset
@@ -376,178 +265,3 @@ def split_arms(trace: Trace, names: Sequence[str]) -> dict[str, Trace]:
     labels = np.array([g.label.split(INSTANCE_SEP)[0] if INSTANCE_SEP in g.label else "" for g in trace.graphs] + [""])
     arm_of_kernel = labels[trace.graph]  # graph -1 -> "" (the appended slot)
     return {n: trace.select(arm_of_kernel == n) for n in names}
-
-
-def run_ab(arms: Mapping[str, Callable[[], Callable[[], object]]], *, instances: int = 8, rounds: int = 12,
-           replays_per_block: int = 20, windows: int = 3, window_replays: int = 3, warmup: int = 5, seed: int = 0,
-           progress: Callable[[str], None] | None = None) -> list[ArmData]:
-    """Measure arms on the current CUDA device (torch imported here).
-
-    ``arms`` maps a name to a factory; each call of a factory captures one fresh graph instance
-    and returns a callable replaying it once. Per round, every (arm, instance) runs a block of
-    ``replays_per_block`` replays in a shuffled order (seeded), each replay timed by CUDA events;
-    ``windows`` of those rounds (spread evenly) are followed by a torch.profiler window of
-    ``window_replays`` replays per instance, also event-timed (observer slowdown).
-    """
-    import tempfile
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from graphmon.formats.read import read_trace
-
-    say = progress or (lambda s: None)
-    names = list(arms)
-    if any(INSTANCE_SEP in n for n in names):
-        raise TraceError(f"arm names may not contain {INSTANCE_SEP!r}")
-    rng = np.random.default_rng(seed)
-    reps = {}
-    for n in names:
-        reps[n] = [arms[n]() for _ in range(instances)]
-    torch.cuda.synchronize()
-    for n in names:
-        for r in reps[n]:
-            for _ in range(warmup):
-                r()
-    torch.cuda.synchronize()
-    say(f"built {instances} instances of {len(names)} arms")
-    order = [(n, i) for n in names for i in range(instances)]
-    step = {n: [[] for _ in range(instances)] for n in names}
-    traced = {n: [[] for _ in range(instances)] for n in names}
-    window_after = set(np.linspace(0, rounds - 1, windows).round().astype(int).tolist()) if windows else set()
-    parts = {n: [] for n in names}
-    corr_offset = 0
-
-    def block(replay, count):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
-        ev[0].record()
-        for k in range(count):
-            replay()
-            ev[k + 1].record()
-        return ev
-
-    for rd in range(rounds):
-        pending = []
-        for j in rng.permutation(len(order)):
-            n, i = order[j]
-            pending.append((n, i, block(reps[n][i], replays_per_block)))
-        torch.cuda.synchronize()
-        for n, i, ev in pending:
-            step[n][i].extend(ev[k].elapsed_time(ev[k + 1]) * 1e3 for k in range(len(ev) - 1))
-        if rd in window_after:
-            pending = []
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for j in rng.permutation(len(order)):
-                    n, i = order[j]
-                    with record_function(f"{n}{INSTANCE_SEP}{i}"):
-                        pending.append((n, i, block(reps[n][i], window_replays)))
-                torch.cuda.synchronize()
-            for n, i, ev in pending:
-                traced[n][i].extend(ev[k].elapsed_time(ev[k + 1]) * 1e3 for k in range(len(ev) - 1))
-            with tempfile.TemporaryDirectory() as td:
-                path = os.path.join(td, "window.json")
-                prof.export_chrome_trace(path)
-                t = read_trace(path, progress=False)
-            # Kineto keys graphs by a signature that includes the label's index in that window, so the
-            # same key can name different instances in two windows: key by label instead.
-            t = t.with_graphs([replace(g, key=g.label or g.key) for g in t.graphs])
-            t = _offset_correlation(t, corr_offset)
-            corr_offset = int(t.correlation_id.max()) + 1 if len(t) else corr_offset
-            for n, tt in split_arms(t, names).items():
-                parts[n].append(tt)
-            say(f"round {rd + 1}/{rounds}: window with {len(t)} kernels")
-    out = []
-    for n in names:
-        tr = concat(parts[n]) if parts[n] else None
-        out.append(ArmData(name=n, step_us=np.array(step[n]),
-                           traced_step_us=np.array(traced[n]) if windows else None, trace=tr))
-    return out
-
-
-def decode_like_arms(*, hidden: int = 1024, layers: int = 48, side_streams: int = 3, batch: int = 1, seed: int = 1):
-    """The decode-like workload of shared/probes (960 kernels on 4 streams at the defaults), in two
-    arms: "uploaded" (cuGraphUpload right after capture, then synchronize) and "lazy" (not
-    uploaded: the driver uploads on first launch). Returns {name: factory}."""
-    import ctypes
-
-    import torch
-
-    dev = torch.device("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    W = [torch.randn(hidden, hidden, device=dev, dtype=torch.bfloat16, generator=gen) / 32 for _ in range(layers)]
-    E = [[torch.randn(hidden, hidden // 4, device=dev, dtype=torch.bfloat16, generator=gen) / 32
-          for _ in range(side_streams)] for _ in range(layers)]
-    side = [torch.cuda.Stream() for _ in range(side_streams)]
-    libcuda = ctypes.CDLL("libcuda.so.1")
-
-    def step(x):
-        main = torch.cuda.current_stream()
-        for i in range(layers):
-            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-            outs = []
-            for j, s in enumerate(side):
-                s.wait_stream(main)
-                with torch.cuda.stream(s):
-                    outs.append(torch.relu(h @ E[i][j]) * (0.5 / (j + 1)))
-            for s in side:
-                main.wait_stream(s)
-            y = h @ W[i]
-            for a in outs:
-                y[:, : hidden // 4] += a
-            x = x + y * 0.1
-        return x
-
-    def capture(upload: bool):
-        x = torch.randn(batch, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                step(x.clone())
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step(x)
-        if upload:
-            rc = libcuda.cuGraphUpload(ctypes.c_void_p(int(g.raw_cuda_graph_exec())),
-                                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-            torch.cuda.synchronize()
-            if rc != 0:
-                raise RuntimeError(f"cuGraphUpload failed: CUresult {rc}")
-        keep = (g, x)  # the graph reads x: keep it alive with the graph
-        return lambda: keep[0].replay()
-
-    return {"uploaded": lambda: capture(True), "lazy": lambda: capture(False)}
-
-
-def environment() -> dict:
-    """Versions of what ran (for the report)."""
-    import platform
-
-    env = {"python": platform.python_version(), "numpy": np.__version__}
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        env["cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name()
-            try:
-                import subprocess
-
-                env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                               capture_output=True, text=True, timeout=20).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                pass
-    except ImportError:
-        pass
-    try:
-        import scipy
-
-        env["scipy"] = scipy.__version__
-    except ImportError:
-        pass
-    from graphmon import __version__
-
-    env["graphmon"] = __version__
-    return env

@@ -283,13 +283,13 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
               min_shift_ns: float = 128.0, min_rel: float = 0.20, min_replays: int = 5,
               widened_min_shift_ns: float = WIDENED_MIN_SHIFT_NS) -> Attribution:
     """Top boundaries by median gap shift, per matched graph (see module docs). Needs no scipy."""
-    from graphmon.analysis.compare import _match_graphs, _match_streams, _units, replay_stream_gaps
-    from graphmon.analysis.replays import analyze
+    from graphmon.analysis.compare import graph_units, match_graphs, match_streams
+    from graphmon.analysis.replays import analyze, replay_stream_gaps
 
     bb, bc = boundary_gaps(baseline), boundary_gaps(current)
     rsb, rsc = replay_stream_gaps(baseline), replay_stream_gaps(current)
-    ub, uc = _units(baseline, rsb), _units(current, rsc)
-    matched, _, _ = _match_graphs(ub, uc, pairs)
+    ub, uc = graph_units(baseline, rsb), graph_units(current, rsc)
+    matched, _, _ = match_graphs(ub, uc, pairs)
     # One id per distinct kernel name across both traces (the last slot: name id -1).
     gid: dict[str, int] = {}
     gname_b = np.array([gid.setdefault(s, len(gid)) for s in baseline.names] + [-1], np.int64)
@@ -298,7 +298,7 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
     rep_b, rep_c = analyze(baseline).replays, analyze(current).replays
     out = []
     for bu, cu, _how in matched:
-        smatch, _, _, _ = _match_streams(rsb, bu, rsc, cu)
+        smatch, _, _, _ = match_streams(rsb, bu, rsc, cu)
         gname = bu.name if bu.name == cu.name else f"{bu.name} -> {cu.name}"
         sel_b = (bb.device == bu.device) & (bb.graph == bu.graph)
         sel_c = (bc.device == cu.device) & (bc.graph == cu.graph)

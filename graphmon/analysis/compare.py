@@ -10,8 +10,8 @@ A (graph, stream) pair is flagged as a **regression** only when all of these hol
 - at least ``min_replays`` replays with gaps on each side;
 - the median of the per-replay medians grew by at least ``min_shift_ns`` (default 128 ns = 4
   ticks) AND by at least ``min_rel`` of the baseline (default 20%);
-- a two-sided Mann-Whitney U test on the per-replay medians (scipy; tie-corrected, so the 32 ns
-  quantisation is handled) gives a p-value below ``alpha`` after a Bonferroni correction over all
+- a two-sided Mann-Whitney U test on the per-replay medians (graphmon.analysis.significance;
+  tie-corrected, so the 32 ns quantisation is handled) gives a p-value below ``alpha`` after a Bonferroni correction over all
   tested pairs.
 The same rule with the sign reversed reports an "improvement" (never fails CI).
 
@@ -41,103 +41,14 @@ fork order inside a graph is fixed by its dependencies, so rank order pairs up t
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from graphmon.analysis.replays import grouped_quantiles
+from graphmon.analysis.replays import ReplayStreamGaps, analyze, replay_stream_gaps, stream_order
+from graphmon.analysis.significance import Thresholds, judge, shift_test
 from graphmon.model.trace import Trace, TraceError
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What counts as a real change (see the module docstring for the reasons)."""
-
-    min_shift_ns: float = 128.0
-    min_rel: float = 0.20
-    alpha: float = 0.01
-    min_replays: int = 5
-    n_resamples: int = 2000  # bootstrap resamples for the CI of the shift
-    confidence: float = 0.95
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not (self.min_shift_ns >= 0 and self.min_rel >= 0):
-            raise TraceError("thresholds must be >= 0")
-        if not 0 < self.alpha < 1 or not 0 < self.confidence < 1:
-            raise TraceError("alpha and confidence must be in (0, 1)")
-        if self.min_replays < 2:
-            raise TraceError("min_replays must be >= 2")
-
-
-@dataclass(frozen=True)
-class ReplayStreamGaps:
-    """One row per (replay, stream) of the graph kernels of a trace."""
-
-    device: np.ndarray  # int32
-    graph: np.ndarray  # int32 index into trace.graphs
-    correlation_id: np.ndarray  # int64, identifies the replay with device
-    replay: np.ndarray  # int64 replay number (0..R-1, in (device, correlation) order)
-    stream: np.ndarray  # int64
-    rank: np.ndarray  # int64 rank of the stream's first kernel start within its replay
-    first_start_ns: np.ndarray  # int64 first kernel start on this stream in this replay
-    gap_count: np.ndarray  # int64
-    gap_sum_ns: np.ndarray  # int64
-    median_gap_ns: np.ndarray  # float64, NaN when the stream ran one kernel in that replay
-
-    def __len__(self) -> int:
-        return len(self.stream)
-
-
-def replay_stream_gaps(trace: Trace) -> ReplayStreamGaps:
-    """Per-replay, per-stream gap figures (same gap definition as :func:`graphmon.analysis.replays.analyze`)."""
-    return replay_stream_gaps_with_values(trace)[0]
-
-
-def replay_stream_gaps_with_values(trace: Trace) -> tuple[ReplayStreamGaps, np.ndarray, np.ndarray]:
-    """:func:`replay_stream_gaps` plus every gap value (int64 ns) and its row in the result."""
-    idx = np.flatnonzero(trace.graph >= 0)
-    dev, corr, stream = trace.device[idx], trace.correlation_id[idx], trace.stream[idx]
-    start, end, graph = trace.start_ns[idx], trace.end_ns[idx], trace.graph[idx]
-    o = np.lexsort((end, start, stream, corr, dev))
-    dev, corr, stream, start, end, graph = (a[o] for a in (dev, corr, stream, start, end, graph))
-    n = len(start)
-    if n == 0:
-        z = np.zeros(0, np.int64)
-        return ReplayStreamGaps(np.zeros(0, np.int32), np.zeros(0, np.int32), z, z, z, z, z, z, z, np.zeros(0)), z, z
-    new_replay = np.r_[True, (dev[1:] != dev[:-1]) | (corr[1:] != corr[:-1])]
-    new_group = new_replay | np.r_[True, stream[1:] != stream[:-1]]
-    heads = np.flatnonzero(new_group)
-    gid = np.cumsum(new_group) - 1
-    rid_of_group = (np.cumsum(new_replay) - 1)[heads]
-    same = gid[1:] == gid[:-1]
-    gap = (start[1:] - end[:-1])[same]
-    ggrp = gid[1:][same]
-    # Sort gaps within each group for exact medians (numpy's linear interpolation).
-    go = np.lexsort((gap, ggrp))
-    gap, ggrp = gap[go], ggrp[go]
-    counts = np.bincount(ggrp, minlength=len(heads)).astype(np.int64)
-    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
-    med = grouped_quantiles(gap, offsets, (0.5,))[:, 0]
-    sums = np.zeros(len(heads), np.int64)
-    nz = counts > 0
-    if nz.any():
-        sums[nz] = np.add.reduceat(gap, offsets[:-1][nz])
-    first = start[heads]  # rows sorted by start within the group
-    # Rank of each stream within its replay by first start (ties by stream id).
-    ro = np.lexsort((stream[heads], first, rid_of_group))
-    rr = rid_of_group[ro]
-    rhead = np.r_[True, rr[1:] != rr[:-1]]
-    pos = np.arange(len(ro)) - np.maximum.accumulate(np.where(rhead, np.arange(len(ro)), 0))
-    rank = np.empty(len(ro), np.int64)
-    rank[ro] = pos
-    return ReplayStreamGaps(
-        device=dev[heads], graph=graph[heads], correlation_id=corr[heads], replay=rid_of_group.astype(np.int64),
-        stream=stream[heads], rank=rank, first_start_ns=first, gap_count=counts, gap_sum_ns=sums,
-        median_gap_ns=med,
-    ), gap, ggrp
 
 
 # ---------------------------------------------------------------------- results
@@ -192,17 +103,13 @@ class Comparison:
     def regressions(self) -> list[StreamShift]:
         return [s for s in self.streams if s.verdict == "regression"]
 
-    def to_json(self) -> dict:
-        def clean(v):
-            if isinstance(v, float) and not math.isfinite(v):
-                return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-            return v
-
+    def as_dict(self) -> dict:
+        """Plain data; floats may be NaN/inf (graphmon.report.jsonsafe.json_safe makes it JSON)."""
         return {
             "regression": bool(self.regressions),
             "thresholds": asdict(self.thresholds),
-            "graphs": [{k: clean(v) for k, v in asdict(g).items()} for g in self.graphs],
-            "streams": [{k: clean(v) for k, v in asdict(s).items()} for s in self.streams],
+            "graphs": [asdict(g) for g in self.graphs],
+            "streams": [asdict(s) for s in self.streams],
             "unmatched_baseline": self.unmatched_baseline,
             "unmatched_current": self.unmatched_current,
         }
@@ -264,9 +171,7 @@ class _Unit:
     spans: np.ndarray
 
 
-def _units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
-    from graphmon.analysis.replays import analyze
-
+def graph_units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
     names = trace.graph_names()
     rep = analyze(trace).replays
     out = []
@@ -280,7 +185,7 @@ def _units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
     return out
 
 
-def _match_graphs(base: list[_Unit], cur: list[_Unit], pairs: Sequence[tuple[str, str]]):
+def match_graphs(base: list[_Unit], cur: list[_Unit], pairs: Sequence[tuple[str, str]]):
     matched: list[tuple[_Unit, _Unit, str]] = []
     b_left, c_left = list(base), list(cur)
 
@@ -319,56 +224,14 @@ def _match_graphs(base: list[_Unit], cur: list[_Unit], pairs: Sequence[tuple[str
     return matched, b_left, c_left
 
 
-def _stream_order(rsg: ReplayStreamGaps, rows: np.ndarray) -> list[int]:
-    """Streams of a graph ordered by median per-replay rank of their first kernel (ties: id)."""
-    st = rsg.stream[rows]
-    ids = np.unique(st)
-    med = [float(np.median(rsg.rank[rows][st == s])) for s in ids]
-    return [int(s) for _, s in sorted(zip(med, ids.tolist()))]
-
-
-def _match_streams(rb: ReplayStreamGaps, bu: _Unit, rc: ReplayStreamGaps, cu: _Unit):
+def match_streams(rb: ReplayStreamGaps, bu: _Unit, rc: ReplayStreamGaps, cu: _Unit):
     sb = set(np.unique(rb.stream[bu.rows]).tolist())
     sc = set(np.unique(rc.stream[cu.rows]).tolist())
     if sb == sc:
-        return [(s, s, i) for i, s in enumerate(_stream_order(rb, bu.rows))], "id", [], []
-    ob, oc = _stream_order(rb, bu.rows), _stream_order(rc, cu.rows)
+        return [(s, s, i) for i, s in enumerate(stream_order(rb, bu.rows))], "id", [], []
+    ob, oc = stream_order(rb, bu.rows), stream_order(rc, cu.rows)
     k = min(len(ob), len(oc))
     return [(ob[i], oc[i], i) for i in range(k)], "rank", ob[k:], oc[k:]
-
-
-# ---------------------------------------------------------------------- statistics
-def shift_test(base: np.ndarray, cur: np.ndarray, th: Thresholds) -> dict:
-    """Median shift, bootstrap CI, Cliff's delta and Mann-Whitney p of two samples of per-replay medians."""
-    from scipy import stats
-
-    base = np.asarray(base, np.float64)
-    cur = np.asarray(cur, np.float64)
-    mb, mc = float(np.median(base)), float(np.median(cur))
-    shift = mc - mb
-    rel = shift / mb if mb != 0 else (0.0 if shift == 0 else math.copysign(math.inf, shift))
-    if len(np.unique(np.r_[base, cur])) == 1:
-        p, delta = 1.0, 0.0  # identical constant samples: nothing to test
-    else:
-        res = stats.mannwhitneyu(cur, base, alternative="two-sided", method="asymptotic")
-        p = float(res.pvalue)
-        delta = 2.0 * float(res.statistic) / (len(cur) * len(base)) - 1.0
-
-    def dmed(x, y, axis=-1):
-        return np.median(x, axis=axis) - np.median(y, axis=axis)
-
-    ci = stats.bootstrap((cur, base), dmed, n_resamples=th.n_resamples, confidence_level=th.confidence,
-                         method="percentile", vectorized=True, rng=np.random.default_rng(th.seed))
-    return {"median_baseline_ns": mb, "median_current_ns": mc, "shift_ns": shift, "rel_shift": rel,
-            "ci_low_ns": float(ci.confidence_interval.low), "ci_high_ns": float(ci.confidence_interval.high),
-            "cliffs_delta": delta, "p_value": p}
-
-
-def verdict(shift_ns: float, rel_shift: float, p_adjusted: float, th: Thresholds) -> str:
-    big = abs(shift_ns) >= th.min_shift_ns and abs(rel_shift) >= th.min_rel
-    if not big or not p_adjusted < th.alpha:
-        return "unchanged"
-    return "regression" if shift_ns > 0 else "improvement"
 
 
 def compare(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]] = (),
@@ -376,22 +239,21 @@ def compare(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]]
     """Compare the per-stream gap distributions of the graphs of two traces (see module docs)."""
     th = thresholds or Thresholds()
     rb, rc = replay_stream_gaps(baseline), replay_stream_gaps(current)
-    ub, uc = _units(baseline, rb), _units(current, rc)
+    ub, uc = graph_units(baseline, rb), graph_units(current, rc)
     if not ub:
         raise TraceError("baseline trace has no graph kernels to compare")
     if not uc:
         raise TraceError("current trace has no graph kernels to compare")
-    matched, b_left, c_left = _match_graphs(ub, uc, pairs)
+    matched, b_left, c_left = match_graphs(ub, uc, pairs)
     if not matched:
         raise TraceError("no graph of the baseline matches a graph of the current trace "
                          "(by label, key or kernel/stream signature); name pairs with --pair BASE=CUR")
 
     graphs: list[GraphPair] = []
     pending: list[dict] = []
+    tests: list[dict | None] = []  # None: too few replays to test
     for bu, cu, how in matched:
-        smatch, smode, ob, oc = _match_streams(rb, bu, rc, cu)
-        from scipy import stats  # noqa: F401  (fail early with a clear ImportError)
-
+        smatch, smode, ob, oc = match_streams(rb, bu, rc, cu)
         span_b, span_c = float(np.median(bu.spans)), float(np.median(cu.spans))
         graphs.append(GraphPair(
             baseline=bu.name, current=cu.name, device=bu.device, matched_by=how, streams_matched_by=smode,
@@ -412,19 +274,12 @@ def compare(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]]
                 row.update(median_baseline_ns=float(np.median(vb)) if len(vb) else nan,
                            median_current_ns=float(np.median(vc)) if len(vc) else nan,
                            shift_ns=nan, rel_shift=nan, ci_low_ns=nan, ci_high_ns=nan, cliffs_delta=nan,
-                           p_value=nan, tested=False)
+                           p_value=nan)
+                tests.append(None)
             else:
-                row.update(shift_test(vb, vc, th), tested=True)
+                row.update(shift_test(vb, vc, th))
+                tests.append(row)
             pending.append(row)
-    m = sum(1 for r in pending if r["tested"])
-    streams = []
-    for r in pending:
-        tested = r.pop("tested")
-        if tested:
-            p_adj = min(1.0, r["p_value"] * m)
-            v = verdict(r["shift_ns"], r["rel_shift"], p_adj, th)
-        else:
-            p_adj, v = float("nan"), "insufficient"
-        streams.append(StreamShift(**r, p_adjusted=p_adj, verdict=v))
+    streams = [StreamShift(**r, p_adjusted=p_adj, verdict=v) for r, (p_adj, v) in zip(pending, judge(tests, th))]
     return Comparison(graphs=graphs, streams=streams, unmatched_baseline=[u.name for u in b_left],
                       unmatched_current=[u.name for u in c_left], thresholds=th)

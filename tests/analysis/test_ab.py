@@ -9,9 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from graphmon.analysis.ab import (ArmData, _offset_correlation, analyze_ab, load_raw, result_json, save_raw, split_arms,
-                         step_ratio_ci)
+from graphmon.analysis.ab import ArmData, analyze_ab, offset_correlation, split_arms, step_ratio_ci
 from graphmon.cli import main
+from graphmon.report.ab_files import load_raw, save_raw
+from graphmon.report.jsonsafe import json_safe
+from graphmon.report.plots import plot_ab
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import TraceError, concat
 from helpers import KINETO
@@ -79,7 +81,7 @@ def test_analyze_ab_real_gaps_and_widened_arm(kineto):
     assert [s["verdict"] for s in c.streams] == ["regression"] * 4
     # idle grows with the gaps; busy is the kernels' own time and barely moves
     assert b.idle_median_us > a.idle_median_us
-    doc = result_json(res)
+    doc = json_safe(res.as_dict())
     json.dumps(doc, allow_nan=False)
     assert doc["comparisons"][0]["current"] == "uploaded" and "_step_us" not in doc["meta"]
     assert "uploaded / lazy: step time ratio" in res.format_table()
@@ -103,7 +105,7 @@ def test_plot_and_raw_round_trip(kineto, tmp_path):
     assert meta["note"] == "synthetic" and [a.name for a in back] == ["lazy", "uploaded"]
     assert np.array_equal(back[1].step_us, arms[1].step_us) and len(back[1].trace) == len(arms[1].trace)
     png = tmp_path / "ab.png"
-    analyze_ab(back).plot(png)
+    plot_ab(analyze_ab(back), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     # the CLI redoes the report from the raw folder without a GPU
     out = tmp_path / "report"
@@ -116,7 +118,7 @@ def test_windows_from_separate_profiler_sessions_concatenate(kineto):
     """Correlation ids restart per profiler session: offsetting keeps replays apart."""
     t = arm_trace(kineto, "shapeA/upload", "uploaded")
     t = t.with_graphs([replace(g, key=g.label or g.key) for g in t.graphs])
-    both = concat([t, _offset_correlation(t, int(t.correlation_id.max()) + 1)])
+    both = concat([t, offset_correlation(t, int(t.correlation_id.max()) + 1)])
     from graphmon.analysis.replays import analyze
 
     assert len(analyze(both).replays) == 2 * len(analyze(t).replays)

@@ -1,14 +1,12 @@
-"""analysis.py against a plain-Python reference, scenario fixtures and the real H200 capture."""
+"""analysis/replays.py against a plain-Python reference, scenario fixtures and the real H200 capture."""
 
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphmon.analysis.replays import NO_VALUE, analyze, grouped_quantiles, summarize
+from graphmon.analysis.replays import NO_VALUE, analyze, replay_stream_gaps_with_values
 from graphmon.model.trace import GraphInfo, Trace
 
 from helpers import DATA
@@ -86,19 +84,6 @@ def test_matches_reference(raw):
     assert got_gaps == {k: sorted(v) for k, v in ref_gaps.items()}
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(-10**6, 10**6), min_size=0, max_size=30), min_size=1, max_size=8))
-def test_grouped_quantiles_equal_numpy(groups):
-    vals = np.concatenate([np.sort(np.array(g, dtype=np.int64)) for g in groups])
-    offs = np.cumsum([0] + [len(g) for g in groups])
-    q = grouped_quantiles(vals, offs)
-    for i, g in enumerate(groups):
-        if g:
-            np.testing.assert_allclose(q[i], np.quantile(np.array(g, dtype=np.float64), [0.1, 0.5, 0.9, 0.99]))
-        else:
-            assert np.isnan(q[i]).all()
-
-
 def test_overlap_on_one_stream_is_a_negative_gap():
     t = build([(100, 200, 1, 7, 1), (150, 300, 1, 7, 1), (310, 400, 1, 7, 1)])
     a = analyze(t)
@@ -168,14 +153,6 @@ def test_launch_latency_and_inter_replay_gap():
     assert t.graphs[a.replays.graph[0]].upload_mode == "uploaded"
 
 
-def test_summarize_matches_numpy():
-    v = np.array([5, 1, 9, 3, 3, 8], dtype=np.int64)
-    s = summarize(v)
-    assert s["count"] == 6 and s["min"] == 1 and s["max"] == 9
-    assert s["p50"] == pytest.approx(np.quantile(v, 0.5))
-    assert s["p99"] == pytest.approx(np.quantile(v, 0.99))
-
-
 def test_real_h200_capture_figures():
     """The real 467,200-kernel H200 capture: figures derived here independently of analysis.py."""
     z = np.load(DATA / "h200-cupti-decode-v1.npz")
@@ -197,3 +174,22 @@ def test_real_h200_capture_figures():
         i = np.flatnonzero(a.replays.correlation_id == c)[0]
         assert a.replays.span_ns[i] == z["end"][m].max() - z["start"][m].min()
         assert a.replays.kernels[i] == m.sum()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(row, min_size=0, max_size=60))
+def test_per_replay_gaps_are_the_gaps_of_analyze(raw):
+    """compare's per-(replay, stream) rows use the one gap definition: the same multiset per stream."""
+    rows = [(s, s + d, stream, corr, (corr % 2) + 1, dev) for s, d, stream, corr, _, dev in raw]
+    t = build(list(dict.fromkeys(rows)))
+    a = analyze(t)
+    rsg, gap, row = replay_stream_gaps_with_values(t)
+    want = {}
+    for j in range(len(a.gaps)):
+        key = (int(a.gaps.device[j]), int(a.gaps.graph[j]), int(a.gaps.stream[j]))
+        want[key] = sorted(a.gaps.values[a.gaps.offsets[j] : a.gaps.offsets[j + 1]].tolist())
+    got = {}
+    for v, r in zip(gap.tolist(), row.tolist()):
+        got.setdefault((int(rsg.device[r]), int(rsg.graph[r]), int(rsg.stream[r])), []).append(v)
+    assert {k: sorted(v) for k, v in got.items()} == want
+    assert np.array_equal(np.bincount(row, minlength=len(rsg)), rsg.gap_count)
