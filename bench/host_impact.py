@@ -189,15 +189,25 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         t_off0 = time.time()
         off, _ = phase(run_once, seconds)
         t_off1 = time.time()
+        t_att = time.perf_counter()
         ex = graphmon.attach(port=0)  # default sampling, in code, with its HTTP thread
         src = attached().source if attached() is not None else None
         got: list = []
         if src is not None:
             src.taps.append(got.append)
+            # attach's one-time start (exporter thread, CUPTI subscribe) is reported apart from the
+            # steady state the "on" phase measures
+            t_w = time.monotonic()
+            while src.health().state == "starting" and time.monotonic() - t_w < 5:
+                time.sleep(0.01)
+        attach_ms = (time.perf_counter() - t_att) * 1e3
         on, on_ends = phase(run_once, seconds)
         stats = dict(src.stats) if src is not None else {}
         health = src.health() if src is not None else None
         plog = [dict(p) for p in getattr(src, "phase_log", [])] if src is not None else []
+        # a Python callback on every graph launch outside windows would show here (issue 13)
+        cb = {"launch_callbacks_on_at_end": getattr(src, "_launch_cb_on", None),
+              "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
         timelines.append({"round": r, **timeline(plog, on, on_ends, float(np.median(off)))})
         for w in got:
@@ -205,14 +215,14 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
                             "observer_slowdown": w.observer_slowdown, "seconds": w.ended_s - w.started_s,
                             "gil_hold_max_ms": ticker.max_between(w.started_s, w.ended_s + 0.5) * 1e3})
         per_round.append({
-            "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None,
+            "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None, "attach_ms": attach_ms,
             "max_off_ms": float(off.max() * 1e3), "max_on_ms": float(on.max() * 1e3),
             "median_off_ms": float(np.median(off) * 1e3), "median_on_ms": float(np.median(on) * 1e3),
             "p999_off_ms": float(np.percentile(off, 99.9) * 1e3), "p999_on_ms": float(np.percentile(on, 99.9) * 1e3),
             "median_overhead_pct": float((np.median(on) / np.median(off) - 1) * 100),
             "ticker_stall_max_off_ms": ticker.max_between(t_off0, t_off1) * 1e3,
             "windows": len(got), "state": health.state if health else None,
-            "errors": dict(health.errors) if health else {}, "stats": stats,
+            "errors": dict(health.errors) if health else {}, "stats": stats, **cb,
         })
         on_all.append(on)
         off_all.append(off)
