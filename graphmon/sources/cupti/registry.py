@@ -103,9 +103,10 @@ class GraphRegistry:
         with self._lock:
             e = self._get(handle)
             if e.known_since_created and not e.launched and e.mode == "unknown":
-                e.mode = "uploaded"
+                e.mode = "uploaded"  # upload callbacks are always on: still decidable after the wait
                 e.upload_stream = stream
-                self._pending_first_launch -= 1
+                if not e.first_launch_missed:
+                    self._pending_first_launch -= 1
             elif e.upload_stream == -1:
                 e.upload_stream = stream  # later upload: remembered, mode unchanged
 
