@@ -4,17 +4,16 @@ The window state machine. CUPTI sits behind api.CuptiActivityApi; records.py dec
 assemble.py builds traces, observer.py measures the observer effect. What it does, and why:
 
 - Kernel tracing (CONCURRENT_KERNEL only: KERNEL serializes kernels) perturbs what it measures
-  (+12-33% per replay on an H200), so it is on only in
-  short *windows*: every ``interval_s``, for ``window_launches`` graph launches or
+  (+12-33% per replay on an H200), so it is on only in short *windows*: every ``interval_s``,
+  for ``window_launches`` graph launches or
   ``window_duration_ms`` (graphmon.settings.CuptiSettings). ``request_capture`` opens one soon.
 - Graph identity/upload mode come from driver-API callbacks. The launch callback (~0.4% of a
   replay) is on only inside windows and their reference phase, and while an exec created after
-  attach has not launched yet (its first launch decides ``lazy``).
+  attach has not launched yet (its first launch decides ``lazy``), ``first_launch_wait_s`` at most.
 - Nothing on the host's path waits for graphmon (issue 13): the launch callback writes into
   preallocated slots (launches.py); buffers are queued by CUPTI's completion callback and decoded
   here, one buffer per GIL hold, under no lock a callback takes; a window closes by waiting for
-  its launches' CUDA events and then flushing *without* forcing (a forced flush returns kernels
-  still running with zero end times).
+  its launches' CUDA events, then flushing (see ``_flush`` for when it forces).
 - Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized.
 """
 
