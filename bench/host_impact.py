@@ -8,14 +8,21 @@ Run on a CUDA machine with torch, transformers and cupti-python (graphmon import
 Workloads, each in >= 3 interleaved off/on rounds in ONE process (graphmon attached in code at
 its default sampling during "on", detached during "off"):
   - hf_static_bs1 / hf_static_bs4: Hugging Face transformers decode of a random-weight Llama
-    config, ``generate(..., cache_implementation="static")`` with the forward compiled
-    (torch.compile reduce-overhead: CUDA graphs), one host timestamp per generated token;
+    config, exactly as a user calls it: ``generate(ids, max_new_tokens=N,
+    cache_implementation="static", do_sample=False)`` per request; transformers itself compiles
+    the decode forward (generation_config.compile_config: torch.compile reduce-overhead, CUDA
+    graphs through cudagraph trees; the prefill runs eager, so the static cache is created and
+    marked static outside the compiled region). One host timestamp per generated token from a
+    LogitsProcessor (it only reads the clock; the outputs are transformers' own copies);
   - decode_server: examples/decode_server.py's decode graph, replay + synchronize per step.
 Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst),
 p999_step_ratio, median_overhead_pct with its 95% interval (ci95_low_pct/ci95_high_pct, t over
 rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
-window), ingest records/s, observer slowdown per window. Writes DIR/host-impact.json after each
-section: one failing section never loses the others.
+window), ingest records/s, observer slowdown per window, and a timeline per window: the
+collector's phases (ref, window, drain, flush, collect, build, sink; CuptiSource.phase_log) with
+the host steps that were long (> 2x the median) placed in them, so a long step shows which phase
+it came from. Writes DIR/host-impact.json after each section: one failing section never loses
+the others.
 """
 
 from __future__ import annotations
@@ -69,40 +76,41 @@ class Ticker(threading.Thread):
 # ---------------------------------------------------------------------- workloads: step(bs) -> step times (s)
 def hf_workload(bs: int, new_tokens: int):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+    from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
     cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=1024)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     gc = model.generation_config
-    gc.pad_token_id = gc.eos_token_id = None
-    compiled = True
-    try:
-        if hasattr(gc, "disable_compile"):
-            gc.disable_compile = True  # one compile, the explicit one below
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    except Exception as e:
-        compiled = repr(e)
+    gc.pad_token_id = gc.eos_token_id = None  # random weights: never stop early, always new_tokens steps
+    if getattr(gc, "disable_compile", None):
+        gc.disable_compile = False  # transformers compiles the decode forward itself (a compileable cache)
+    cc = getattr(gc, "compile_config", None)
+    compile_info = {"compile_config": repr(cc), "mode": getattr(cc, "mode", None)}
 
-    class Stamps(StoppingCriteria):
-        def __init__(self):
+    class Stamps(LogitsProcessor):
+        """Called once per generated token on the host: reads the clock, returns the scores as is."""
+
+        def __init__(self) -> None:
             self.t: list[float] = []
 
-        def __call__(self, input_ids, scores, **kw):
-            self.t.append(time.perf_counter())  # once per generated token, on the host
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        def __call__(self, input_ids, scores):
+            self.t.append(time.perf_counter())
+            return scores
 
     ids = torch.randint(0, cfg.vocab_size, (bs, 16), device="cuda")
+    mask = torch.ones_like(ids)
 
     def run_once() -> np.ndarray:
         st = Stamps()
         with torch.inference_mode():
-            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                           cache_implementation="static", stopping_criteria=StoppingCriteriaList([st]))
-        return np.diff(np.asarray(st.t))  # decode steps (the prefill is before the first stamp)
+            model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                           cache_implementation="static", logits_processor=LogitsProcessorList([st]))
+        return np.asarray(st.t)  # step end times: the first token is the prefill's, then one per decode step
 
-    return run_once, {"compiled": compiled, "config": {"layers": 8, "hidden": 1024, "batch": bs}}
+    return run_once, {"compile": compile_info, "config": {"layers": 8, "hidden": 1024, "batch": bs,
+                                                          "new_tokens": new_tokens}}
 
 
 def decode_server_workload(layers: int, steps_per_call: int):
@@ -120,17 +128,54 @@ def decode_server_workload(layers: int, steps_per_call: int):
             g.replay()
             torch.cuda.synchronize()
             t[i + 1] = time.perf_counter()
-        return np.diff(t)
+        return t  # step end times (perf_counter s), the first one the start
 
     return run_once, {"config": {"layers": layers, "batch": 1, "sync": "every step"}}
 
 
 # ---------------------------------------------------------------------- measurement
-def phase(run_once, seconds: float) -> np.ndarray:
-    steps, t0 = [], time.monotonic()
+def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times."""
+    steps, ends, t0 = [], [], time.monotonic()
     while time.monotonic() - t0 < seconds:
-        steps.append(run_once())
-    return np.concatenate(steps) if steps else np.zeros(0)
+        t = run_once()
+        steps.append(np.diff(t))
+        ends.append(t[1:])
+    if not steps:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(steps), np.concatenate(ends)
+
+
+PHASES = ("ref", "window", "drain", "flush", "collect", "build", "sink")
+
+
+def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: float) -> dict:
+    """Per window: each phase's ms, and the long host steps (> 2x median) that overlap it; plus the
+    long steps outside every window (not graphmon's windows: the launch callbacks, the exporter...)."""
+    long_i = np.flatnonzero(steps > 2 * median_s)
+    starts = ends - steps
+    in_window = np.zeros(len(steps), bool)
+    out = []
+    for ph in phase_log:
+        t0 = ph.get("t0")
+        if t0 is None:
+            continue
+        marks = [("t0", t0)] + [(k, ph[k]) for k in PHASES if k in ph]
+        rows = {"phases_ms": {k: (t - p) * 1e3 for (_, p), (k, t) in zip(marks, marks[1:])},
+                "decode_ms": ph.get("decode_ms"), "long_steps": []}
+        t_end = marks[-1][1]
+        in_window |= (ends >= t0) & (starts <= t_end)
+        for i in long_i[(ends[long_i] >= t0) & (starts[long_i] <= t_end)].tolist():
+            # the phase in which the step ended (a step stalled by a phase ends inside or just after it)
+            where = next((k for k, t in marks[1:] if ends[i] <= t), "after_sink")
+            rows["long_steps"].append({"start_ms": (starts[i] - t0) * 1e3, "ms": steps[i] * 1e3, "phase": where})
+        rows["n_long_steps"] = len(rows["long_steps"])
+        rows["long_steps"] = sorted(rows["long_steps"], key=lambda x: -x["ms"])[:20]  # the longest: bounded JSON
+        out.append(rows)
+    outside = long_i[~in_window[long_i]]
+    return {"windows": out, "long_steps_outside_windows": int(len(outside)),
+            "longest_step_outside_windows_ms": float(steps[outside].max() * 1e3) if len(outside) else 0.0,
+            "long_step_threshold_ms": 2 * median_s * 1e3}
 
 
 def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) -> dict:
@@ -139,33 +184,45 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
 
     for _ in range(3):
         run_once()  # warm: compile, capture, caches
-    per_round, on_all, off_all, windows = [], [], [], []
+    per_round, on_all, off_all, windows, timelines = [], [], [], [], []
     for r in range(rounds):
         t_off0 = time.time()
-        off = phase(run_once, seconds)
+        off, _ = phase(run_once, seconds)
         t_off1 = time.time()
+        t_att = time.perf_counter()
         ex = graphmon.attach(port=0)  # default sampling, in code, with its HTTP thread
         src = attached().source if attached() is not None else None
         got: list = []
         if src is not None:
             src.taps.append(got.append)
-        on = phase(run_once, seconds)
+            # attach's one-time start (exporter thread, CUPTI subscribe) is reported apart from the
+            # steady state the "on" phase measures
+            t_w = time.monotonic()
+            while src.health().state == "starting" and time.monotonic() - t_w < 5:
+                time.sleep(0.01)
+        attach_ms = (time.perf_counter() - t_att) * 1e3
+        on, on_ends = phase(run_once, seconds)
         stats = dict(src.stats) if src is not None else {}
         health = src.health() if src is not None else None
+        plog = [dict(p) for p in getattr(src, "phase_log", [])] if src is not None else []
+        # a Python callback on every graph launch outside windows would show here (issue 13)
+        cb = {"launch_callbacks_on_at_end": getattr(src, "_launch_cb_on", None),
+              "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
+        timelines.append({"round": r, **timeline(plog, on, on_ends, float(np.median(off)))})
         for w in got:
             windows.append({"round": r, "records": len(w.trace), "dropped": w.dropped,
                             "observer_slowdown": w.observer_slowdown, "seconds": w.ended_s - w.started_s,
                             "gil_hold_max_ms": ticker.max_between(w.started_s, w.ended_s + 0.5) * 1e3})
         per_round.append({
-            "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None,
+            "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None, "attach_ms": attach_ms,
             "max_off_ms": float(off.max() * 1e3), "max_on_ms": float(on.max() * 1e3),
             "median_off_ms": float(np.median(off) * 1e3), "median_on_ms": float(np.median(on) * 1e3),
             "p999_off_ms": float(np.percentile(off, 99.9) * 1e3), "p999_on_ms": float(np.percentile(on, 99.9) * 1e3),
             "median_overhead_pct": float((np.median(on) / np.median(off) - 1) * 100),
             "ticker_stall_max_off_ms": ticker.max_between(t_off0, t_off1) * 1e3,
             "windows": len(got), "state": health.state if health else None,
-            "errors": dict(health.errors) if health else {}, "stats": stats,
+            "errors": dict(health.errors) if health else {}, "stats": stats, **cb,
         })
         on_all.append(on)
         off_all.append(off)
@@ -174,7 +231,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
     half = T95.get(len(ov) - 1, 1.96) * ov.std(ddof=1) / np.sqrt(len(ov)) if len(ov) > 1 else float("nan")
     rates = [p["stats"].get("ingest_records_per_s", 0.0) for p in per_round if p["stats"]]
     return {
-        "rounds": per_round, "windows": windows, "seconds_per_phase": seconds,
+        "rounds": per_round, "windows": windows, "timeline": timelines, "seconds_per_phase": seconds,
         "max_step_increase_ms": max(p["max_on_ms"] - p["max_off_ms"] for p in per_round),
         "p999_step_ratio": float(np.percentile(on_c, 99.9) / np.percentile(off_c, 99.9)),
         "median_overhead_pct": float(ov.mean()), "ci95_low_pct": float(ov.mean() - half),

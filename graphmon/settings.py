@@ -43,6 +43,8 @@ class CuptiSettings(BaseSettings):
     max_drain_ms: float = Field(250.0, ge=0, description="longest tracing stays on after a window closes, for its queued replays")
     observer: Literal["events", "off"] = Field("events", description="time replays with CUDA events to measure the observer effect")
     max_timed_launches: int = Field(256, ge=0, description="launches timed with CUDA events per phase")
+    first_launch_wait_s: float = Field(5.0, ge=0, description="longest the launch callbacks stay on outside windows "
+                                       "for a new graph's first launch (its upload mode); then it is 'unknown'")
     blocked_retry_s: float = Field(30.0, gt=0, description="seconds between subscribe attempts while another profiler holds CUPTI")
     poll_s: float = Field(0.05, gt=0, description="collector thread poll interval")
     keep_raw: bool = Field(False, description="diagnostics: keep each window's unfiltered records")

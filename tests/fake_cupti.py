@@ -9,6 +9,13 @@ here independently of graphmon's decoder, so the collector's buffer path runs en
 The simulated GPU runs a graph as a chain of kernels per stream: each kernel has a duration
 and a gap before it; while CONCURRENT_KERNEL tracing is on, durations and gaps are multiplied
 by ``trace_slowdown`` (the observer effect). Event timestamps follow the same clock.
+
+A GPU queue (``gpu_replay_s`` > 0 or ``backlog()``): a launch then finishes on the host's
+monotonic clock only when the GPU has run everything queued before it. Its records stay
+*incomplete* until then, with CUPTI's flush semantics (cuptiActivityFlushAll): a non-forced
+flush returns every buffer whose records are all complete, full or not, and holds back a
+buffer with one incomplete record; a forced flush returns every buffer, the incomplete records
+with zero end times. FakeEvents.query answers from the same queue.
 """
 
 from __future__ import annotations
@@ -86,6 +93,11 @@ class FakeCupti:
         self.ts = itertools.count(5_000_000_000, 1000)
         self.callback_calls = 0
         self.launches = 0
+        self.launch_callback_calls = 0  # on_launch_enter calls made (Python work on the host's launch path)
+        self.gpu_replay_s = 0.0  # GPU time per launch (0: no queue, a launch runs at once)
+        self.busy_until = 0.0  # monotonic time the GPU's queue drains
+        self.cur_pending: list[tuple[int, float]] = []  # (offset, ready time) of incomplete records in cur
+        self.held: list[tuple[int, int, list]] = []  # closed buffers with incomplete records: (idx, fill, pending)
 
     # ---------------------------------------------------------------- CuptiActivityApi
     def subscribe(self, handler):
@@ -114,9 +126,31 @@ class FakeCupti:
         with self.lock:
             self.flushes.append(bool(forced))
             self._complete()
+            if forced:  # every buffer, incomplete records with zero end times
+                for i, _fill, pending in self.held:
+                    for off, ready in pending:
+                        if ready > time.monotonic():
+                            struct.pack_into("<QQ", self._buffers[i], off + 24, 0, 0)
+                self.done.extend((i, fill) for i, fill, _ in self.held)
+                self.held = []
+            self._pump()
+
+    def _pump(self):
+        """Buffers whose records have all completed since they were closed are delivered."""
+        now = time.monotonic()
+        ready = [b for b in self.held if all(r <= now for _, r in b[2])]
+        if ready:
+            self.held = [b for b in self.held if b not in ready]
+            self.done.extend((i, fill) for i, fill, _ in ready)
+
+    def backlog(self, seconds: float) -> None:
+        """Queue GPU work of ``seconds`` ahead of the next launches (like torch.cuda._sleep)."""
+        with self.lock:
+            self.busy_until = max(self.busy_until, time.monotonic()) + seconds
 
     def completed_buffer(self):
         with self.lock:
+            self._pump()
             if not self.done:
                 return None
             i, valid = self.done.pop(0)
@@ -161,8 +195,9 @@ class FakeCupti:
         return {"cupti_lib": "fake"}
 
     # ---------------------------------------------------------------- buffers
-    def write_record(self, size: int, **fields) -> None:
-        """Append a record (a kernel, or another kind of ``size`` bytes) to the current buffer."""
+    def write_record(self, size: int, ready: float = 0.0, **fields) -> None:
+        """Append a record (a kernel, or another kind of ``size`` bytes) to the current buffer;
+        ``ready``: monotonic time it completes (its kernel has run)."""
         if self.cur < 0:
             if not self.free:
                 self.dropped += 1
@@ -170,14 +205,19 @@ class FakeCupti:
             self.cur, self.fill = self.free.pop(0), 0
         pack_kernel(self._buffers[self.cur], self.fill, **fields) if size >= 160 else \
             struct.pack_into("<I", self._buffers[self.cur], self.fill, fields["kind"])
+        if ready > time.monotonic():
+            self.cur_pending.append((self.fill, ready))
         self.fill += size
         if self.fill + self.record_bytes > self.buffer_bytes:
             self._complete()
 
     def _complete(self):
         if self.cur >= 0 and self.fill:
-            self.done.append((self.cur, self.fill))
-            self.cur, self.fill = -1, 0
+            if self.cur_pending:
+                self.held.append((self.cur, self.fill, self.cur_pending))
+            else:
+                self.done.append((self.cur, self.fill))
+            self.cur, self.fill, self.cur_pending = -1, 0, []
 
     def _name_ptr(self, name: str) -> int:
         p = self.name_ptrs.get(name)
@@ -229,6 +269,7 @@ class FakeCupti:
         with self.lock:
             self.launches += 1
             if self.launch_callbacks:
+                self.launch_callback_calls += 1
                 self._call("on_launch_enter", corr, h, 0xC0, stream)
             if block_s <= 0:
                 self._run_graph(h, corr)
@@ -245,6 +286,9 @@ class FakeCupti:
     def _run_graph(self, h, corr):
         kernels = self.execs[h]
         tracing = self.activity
+        ready = 0.0
+        if self.gpu_replay_s > 0 or self.busy_until > time.monotonic():
+            ready = self.busy_until = max(self.busy_until, time.monotonic()) + self.gpu_replay_s
         f = self.trace_slowdown if tracing else 1.0
         t_stream: dict[int, int] = {}
         base = self.clock_ns
@@ -255,7 +299,7 @@ class FakeCupti:
             t_stream[k.stream] = e
             end_all = max(end_all, e)
             if tracing:
-                self.write_record(self.record_bytes, start=t, end=e, stream=k.stream, device=0, corr=corr,
+                self.write_record(self.record_bytes, ready=ready, start=t, end=e, stream=k.stream, device=0, corr=corr,
                                   name_ptr=self._name_ptr(k.name), graph_node_id=i + 1, graph_id=self.exec_ids[h])
         self.clock_ns = end_all
 
@@ -266,6 +310,7 @@ class FakeEvents:
     def __init__(self, gpu: FakeCupti, capturing: set[int] | None = None) -> None:
         self.gpu = gpu
         self.times: dict[int, int] = {}
+        self.ready: dict[int, float] = {}  # monotonic time the work before the event has run
         self.ids = itertools.count(1)
         self.capturing = capturing or set()
         self.created = 0
@@ -283,7 +328,11 @@ class FakeEvents:
 
     def record(self, ev, stream):
         self.times[ev] = self.gpu.clock_ns
+        self.ready[ev] = self.gpu.busy_until
         return True
+
+    def query(self, ctx, ev):
+        return time.monotonic() >= self.ready.get(ev, 0.0)
 
     def elapsed_ms(self, ctx, e0, e1):
         return (self.times[e1] - self.times[e0]) / 1e6

@@ -4,17 +4,16 @@ The window state machine. CUPTI sits behind api.CuptiActivityApi; records.py dec
 assemble.py builds traces, observer.py measures the observer effect. What it does, and why:
 
 - Kernel tracing (CONCURRENT_KERNEL only: KERNEL serializes kernels) perturbs what it measures
-  (+12-33% per replay on an H200), so it is on only in
-  short *windows*: every ``interval_s``, for ``window_launches`` graph launches or
+  (+12-33% per replay on an H200), so it is on only in short *windows*: every ``interval_s``,
+  for ``window_launches`` graph launches or
   ``window_duration_ms`` (graphmon.settings.CuptiSettings). ``request_capture`` opens one soon.
 - Graph identity/upload mode come from driver-API callbacks. The launch callback (~0.4% of a
   replay) is on only inside windows and their reference phase, and while an exec created after
-  attach has not launched yet (its first launch decides ``lazy``).
+  attach has not launched yet (its first launch decides ``lazy``), ``first_launch_wait_s`` at most.
 - Nothing on the host's path waits for graphmon (issue 13): the launch callback writes into
   preallocated slots (launches.py); buffers are queued by CUPTI's completion callback and decoded
   here, one buffer per GIL hold, under no lock a callback takes; a window closes by waiting for
-  its launches' CUDA events and then flushing *without* forcing (a forced flush returns kernels
-  still running with zero end times).
+  its launches' CUDA events, then flushing (see ``_flush`` for when it forces).
 - Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized.
 """
 
@@ -90,6 +89,9 @@ class CuptiSource(Source):
         }
         self.last_window: Optional[Window] = None
         self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
+        # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink), decode_ms
+        self.phase_log: deque[dict[str, float]] = deque(maxlen=256)
+        self._phases: dict[str, float] = {}
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
@@ -226,29 +228,34 @@ class CuptiSource(Source):
 
     def _sync_launch_cb(self) -> None:
         # pending_first_launch is raised before the instantiate callback enables launches, so
-        # this never switches them off under an exec whose first launch is still to come.
+        # this never switches them off under an exec whose first launch is still to come; an exec
+        # never launched keeps them on for first_launch_wait_s at most (registry).
+        self.registry.expire_first_launches(self.settings.first_launch_wait_s)
         self._set_launch_cb(self._ring is not None or self.registry.pending_first_launch > 0)
 
     # ------------------------------------------------------------------ one window
     def _window(self, req: Optional[CaptureRequest]) -> None:
         s = self.settings
         n_target, dur_ms = s.window_launches, s.window_duration_ms
-        if req is not None:
-            n_target = req.replays if req.replays else 1 << 30
+        if req is not None:  # bounded by its replays, else by its duration (and the ring: not an error)
+            n_target = req.replays if req.replays else self._win.capacity
             dur_ms = min(req.duration_ms or s.capture_max_duration_ms, s.capture_max_duration_ms)
+            if req.replays and req.replays > self._win.capacity:
+                self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
         timer = self._timer if self.observer == "events" else None
-        if n_target > self._win.capacity:
-            self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
-        # reference phase: the same launches timed with events, tracing off
+        ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3}  # see phase_log
+        # reference phase: launches timed with events, tracing off; a sampling window's size, never a
+        # capture's duration (it would take the capture's launches and events, leaving the window none)
         self._ref.reset(0)
         if timer is not None:
-            self._ref.reset(n_target)
+            self._ref.reset(min(n_target, s.window_launches))
             self._ring = self._ref
             self._set_launch_cb(True)
-            self._wait_phase(self._ref, dur_ms)
+            self._wait_phase(self._ref, min(dur_ms, s.window_duration_ms))
             if self._stop.is_set():
                 self._ring = None
                 return
+        ph["ref"] = time.perf_counter()
 
         self._ring = None  # while switching phases a launch is neither timed nor kept
         self._ingest()  # leftovers of an earlier window: not this window's
@@ -263,20 +270,20 @@ class CuptiSource(Source):
         self._in_window = True  # after enabling: every launch the window takes is traced
         self._ring = self._win
         self._wait_phase(self._win, dur_ms)
-        # Kernels of launches already made may still be queued on the GPU: keep tracing a little
-        # (launches from now on are left out of the window) so that their replays complete.
-        self._closing = True
+        ph["window"] = time.perf_counter()
+        # Launches already made may still be queued on the GPU: keep tracing until they ran
+        self._closing = True  # (launches from now on are left out of the window)
         if s.close == "disable_first":
             # Stop tracing new launches now; the window's queued kernels were instrumented at
             # launch and finish on their own: wait for them, then flush.
             self._disable_tracing()
-            if not self._stop.is_set():
-                self._drain()
+            drained = not self._stop.is_set() and self._drain()
         else:
-            if not self._stop.is_set():
-                self._drain()
+            drained = not self._stop.is_set() and self._drain()
             self._disable_tracing()
-        flush_ms = self._flush()
+        ph["drain"] = time.perf_counter()
+        flush_ms = self._flush(drained)
+        ph["flush"] = time.perf_counter()
         self._closing = False
         self._ring = None
         ended = wall_time()
@@ -289,6 +296,7 @@ class CuptiSource(Source):
         cols = self._store.take(pause=lambda: time.sleep(0))
         name_id = np.concatenate(self._store_names) if self._store_names else np.zeros(0, np.int32)
         self._store_names = []
+        self._phases["collect"] = time.perf_counter()  # event timing collected
         trace, raw = build_trace(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
                                  capture_id=req.id if req is not None else None, keep_raw=self.settings.keep_raw)
         if raw is not None:
@@ -299,13 +307,11 @@ class CuptiSource(Source):
         st["records"] += len(trace)
         st["dropped"] += dropped
         st["discarded"] += discarded
-        st["last_window_ms"] = window_ms
-        st["last_flush_ms"] = flush_ms
-        st["decode_fallback_buffers"] = ds.fallback_buffers
-        st["other_kind_records"] = ds.other_kind_records
-        st["record_bytes"] = self._decoder.record_bytes
+        st.update(last_window_ms=window_ms, last_flush_ms=flush_ms, decode_fallback_buffers=ds.fallback_buffers,
+                  other_kind_records=ds.other_kind_records, record_bytes=self._decoder.record_bytes)
         if self._ingest_s > 0:
             st["ingest_records_per_s"] = self._ingest_records / self._ingest_s
+        self._phases["build"] = time.perf_counter()
         w = Window(trace=trace, started_s=started, ended_s=ended, dropped=dropped + discarded,
                    observer_slowdown=slowdown, capture_id=req.id if req is not None else None)
         self.last_window = w
@@ -320,6 +326,8 @@ class CuptiSource(Source):
                 self._sink(w)
             except Exception:
                 self.count_error("sink")
+        self._phases.update(sink=time.perf_counter(), decode_ms=self._phases["decode_ms"] + self._ingest_s * 1e3)
+        self.phase_log.append(self._phases)
 
     def _wait_phase(self, ring: LaunchRing, dur_ms: float) -> None:
         deadline = time.perf_counter() + dur_ms / 1e3
@@ -335,13 +343,14 @@ class CuptiSource(Source):
                     return
             time.sleep(step)
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
         """Keep tracing until the window's launches have run on the GPU (then the caller flushes).
+        True when CUDA events say every window launch ran (the last one on each of its streams).
 
         A serving loop can run tens of ms ahead of the GPU; a flush before its kernels ran would
         leave them out (or, forced, return them with zero end times; seen on the H200 with a
         290 ms deep queue). With event timing on, wait for the end event of the window's last
-        timed launch (bounded by ``max_drain_ms``); otherwise wait the fixed ``drain_ms``.
+        timed launch on each stream (bounded by ``max_drain_ms``); else the fixed ``drain_ms``.
         """
         s = self.settings
         timer = self._timer if self.observer == "events" else None
@@ -353,24 +362,11 @@ class CuptiSource(Source):
         # in 8 windows on the H200 with the host ~70 ms ahead).
         while self._win.pending() and time.perf_counter() < deadline and not self._stop.is_set():
             time.sleep(0.0002)
-        last = timer.last_end(self._win) if timer is not None else None
-        if query is None or last is None:
+        if query is None or timer is None:
             if s.drain_ms > 0:
                 time.sleep(s.drain_ms / 1e3)
-            return
-        ctx, ev = last
-        while not self._stop.is_set():
-            try:
-                done = query(ctx, ev)
-            except Exception:
-                self.count_error("drain_query")
-                done = None
-            if done is not False:  # ran, or cannot tell: stop waiting
-                break
-            if time.perf_counter() >= deadline:
-                self.count_error("drain_timeout")  # what is still queued comes back incomplete
-                break
-            time.sleep(0.001)
+            return False
+        return timer.wait_ran(self._win, query, deadline, self._stop.is_set) and not self._win.pending()
 
     def _disable_tracing(self) -> None:
         try:
@@ -379,16 +375,19 @@ class CuptiSource(Source):
             self.count_error("activity_disable")
         self._in_window = False
 
-    def _flush(self) -> float:
+    def _flush(self, drained: bool = False) -> float:
         """Ask CUPTI for the window's buffers and decode them; returns the ms it took.
 
-        Not forced: a forced flush returns kernels still running with zero end times. But a
-        non-forced one holds back a buffer while any record in it is incomplete (e.g. a launch
-        traced while the window drained, still queued), so flush again until every window launch
-        has records, within ``max_drain_ms``; only then force it (counted: ``flush_forced``)."""
+        CUPTI's non-forced flush returns only buffers whose records are all complete (full or
+        not): one incomplete record (a launch traced while the window drained, still queued)
+        holds back the window's records in its buffer too (H200: cut replays). A forced flush
+        returns every buffer, incomplete records with zero end times. So once the events say
+        every window launch ran (``drained``) one forced flush returns the window whole (only
+        later launches, outside it, come back incomplete). Otherwise flush without forcing until
+        every window launch has records, within ``max_drain_ms``, then force (``flush_forced``)."""
         t0 = time.perf_counter()
         deadline = t0 + self.settings.max_drain_ms / 1e3
-        forced = False
+        forced = drained
         while True:
             try:
                 self.api.flush(forced=forced)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -127,12 +128,39 @@ class EventTimer:
             ring.ev0[i] = 0
             self._put(ctx, e0, e1)
 
-    def last_end(self, ring: LaunchRing) -> Optional[tuple[int, int]]:
-        """(ctx, event) of the ring's latest launch with an end event, or None."""
+    def last_ends(self, ring: LaunchRing) -> tuple[list[tuple[int, int]], bool]:
+        """(ctx, end event) of the latest timed launch on each stream of the ring, and whether
+        each stream's latest launch is timed (then these events say when all of them ran)."""
+        ends: dict[int, tuple[int, int]] = {}
+        latest_timed: dict[int, bool] = {}
         for i in range(ring.n - 1, -1, -1):
-            if ring.ev1[i]:
-                return ring.ctx[i], ring.ev1[i]
-        return None
+            stream, e1 = ring.stream[i], ring.ev1[i]
+            if stream not in latest_timed:
+                latest_timed[stream] = bool(e1)
+            if e1 and stream not in ends:
+                ends[stream] = (ring.ctx[i], e1)
+        return list(ends.values()), bool(ends) and all(latest_timed.values())
+
+    def wait_ran(self, ring: LaunchRing, query, deadline: float, stopped) -> bool:
+        """Wait (until perf_counter ``deadline``) for each stream's last timed launch of the ring
+        to run; True when they all ran and they are every stream's last launch."""
+        ends, every = self.last_ends(ring)
+        for ctx, ev in ends:
+            while True:
+                try:
+                    done = query(ctx, ev)
+                except Exception:
+                    self._count_error("drain_query")
+                    done = None
+                if done is None or stopped():  # cannot tell: stop waiting, do not claim it ran
+                    return False
+                if done:
+                    break
+                if time.perf_counter() >= deadline:
+                    self._count_error("drain_timeout")  # what is still queued comes back incomplete
+                    return False
+                time.sleep(0.001)
+        return every
 
     def collect(self, rings: list[LaunchRing]) -> dict[int, dict[str, list[float]]]:
         """Replay times per exec and phase; every event goes back to the pool."""

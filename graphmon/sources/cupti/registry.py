@@ -15,6 +15,7 @@ for a dict update only.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -36,6 +37,8 @@ class _Exec:
     upload_stream: int = -1
     launched: bool = False
     first_launch_stream: int = -1
+    created_s: float = 0.0  # monotonic time of the instantiation (bounds the wait for its first launch)
+    first_launch_missed: bool = False  # waited too long: a later first launch is not called lazy
     label: str = ""
     batch_size: int = -1
 
@@ -86,6 +89,7 @@ class GraphRegistry:
                 self._retire(old)
             e = self._get(handle)
             e.known_since_created = True
+            e.created_s = time.monotonic()
             e.graph_id = graph_id
             if flags & INSTANTIATE_FLAG_UPLOAD:
                 e.mode = "instantiate_upload"
@@ -99,9 +103,10 @@ class GraphRegistry:
         with self._lock:
             e = self._get(handle)
             if e.known_since_created and not e.launched and e.mode == "unknown":
-                e.mode = "uploaded"
+                e.mode = "uploaded"  # upload callbacks are always on: still decidable after the wait
                 e.upload_stream = stream
-                self._pending_first_launch -= 1
+                if not e.first_launch_missed:
+                    self._pending_first_launch -= 1
             elif e.upload_stream == -1:
                 e.upload_stream = stream  # later upload: remembered, mode unchanged
 
@@ -115,7 +120,7 @@ class GraphRegistry:
                 return False
             e.launched = True
             e.first_launch_stream = stream
-            if e.known_since_created and e.mode == "unknown":
+            if e.known_since_created and e.mode == "unknown" and not e.first_launch_missed:
                 e.mode = "lazy"
                 self._pending_first_launch -= 1
             return True
@@ -124,7 +129,7 @@ class GraphRegistry:
         with self._lock:
             e = self._execs.pop(handle, None)
             if e is not None:
-                if e.known_since_created and not e.launched and e.mode == "unknown":
+                if e.known_since_created and not e.launched and e.mode == "unknown" and not e.first_launch_missed:
                     self._pending_first_launch -= 1
                 self._retire(e)
 
@@ -132,6 +137,27 @@ class GraphRegistry:
         self._retired.append(e)
         if len(self._retired) > MAX_RETIRED:
             del self._retired[: len(self._retired) - MAX_RETIRED]
+
+    def expire_first_launches(self, wait_s: float) -> int:
+        """Stop waiting for the first launch of execs instantiated more than ``wait_s`` ago.
+
+        The launch callbacks stay on while a first launch is pending (it decides ``lazy``): a
+        Python callback on every graph launch of the process. An exec that is instantiated and
+        never launched (a warm-up graph, a batch size never served) would keep them on forever
+        (measured on the H200: +150 us per decode step outside windows). Such an exec's upload
+        mode stays ``unknown``. Returns how many were given up."""
+        if self._pending_first_launch <= 0:
+            return 0
+        cutoff = time.monotonic() - wait_s
+        n = 0
+        with self._lock:
+            for e in self._execs.values():
+                if (e.known_since_created and not e.launched and e.mode == "unknown" and not e.first_launch_missed
+                        and e.created_s <= cutoff):
+                    e.first_launch_missed = True
+                    self._pending_first_launch -= 1
+                    n += 1
+        return n
 
     @property
     def pending_first_launch(self) -> int:

@@ -127,3 +127,22 @@ def test_concurrent_updates_keep_pending_count_consistent():
     assert r.pending_first_launch == 0
     modes = [g.upload_mode for g in r.infos()]
     assert modes.count("uploaded") == modes.count("lazy") == 2 * n
+
+
+def test_a_first_launch_waited_for_only_so_long():
+    # an exec never launched must not keep the launch callbacks on (pending) forever
+    r = GraphRegistry()
+    r.on_instantiate(0x10)
+    r.on_instantiate(0x20)
+    assert r.expire_first_launches(60.0) == 0 and r.pending_first_launch == 2  # not yet
+    assert r.expire_first_launches(0.0) == 2 and r.pending_first_launch == 0
+    r.on_launch(0x10, 7)  # its first launch may have come while nobody looked: not "lazy"
+    assert r.get(0x10).upload_mode == "unknown"
+    r.on_destroy(0x20)  # counted once: pending never goes negative
+    r.on_upload(0x10, 7)
+    assert r.pending_first_launch == 0
+    r.on_instantiate(0x30)
+    r.on_instantiate(0x40)
+    assert r.expire_first_launches(0.0) == 2
+    r.on_upload(0x30, 8)  # an upload after the wait still decides "uploaded", counted once
+    assert r.get(0x30).upload_mode == "uploaded" and r.pending_first_launch == 0
