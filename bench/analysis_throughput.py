@@ -19,7 +19,7 @@ import numpy as np
 
 from graphmon.analysis.replays import analyze, grouped_quantiles
 from graphmon.report.summary import graphs_summary
-from graphmon.export.snapshot import Aggregator
+from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import Window
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace

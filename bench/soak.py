@@ -122,7 +122,7 @@ class Scrapers:
         with self.lock:
             self.captures += 1
         tid = r.json()["id"]
-        t = c.get(f"/trace/{tid}")
+        t = c.get(f"/trace/{tid}", headers=self.headers)
         # 404: evicted before we asked (the store is bounded); anything else is a failure
         self._count("/trace", t, ok=(200, 404))
         if t.status_code == 200:

@@ -7,9 +7,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from graphmon.export.collector import make_registry, render_text
+from graphmon.export.collector import make_registry
+from graphmon.export.exposition import render_text
 from graphmon.model.trace import GraphInfo
-from graphmon.export.snapshot import Aggregator
+from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import SourceHealth, Window
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
@@ -26,7 +27,7 @@ def golden_text() -> str:
     for i in range(2):
         w = src.next_window()
         agg.ingest(Window(trace=w.trace, started_s=1_800_000_000.0 + i, ended_s=1_800_000_000.5 + i))
-    return generate_latest(make_registry(agg.snapshot)).decode()
+    return generate_latest(make_registry(agg.snapshots)).decode()
 
 
 def test_golden_metrics(regen_golden):
@@ -49,7 +50,7 @@ def _families(text):
 def test_histogram_values_match_snapshot():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace(gap_ns=500, replays=2, kernels_per_stream=3)))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     h = fams["graphmon_kernel_gap_seconds"]
     buckets = {s.labels["le"]: s.value for s in h.samples if s.name.endswith("_bucket")}
     assert buckets["4.48e-07"] == 0 and buckets["5.12e-07"] == 4 and buckets["+Inf"] == 4
@@ -64,7 +65,7 @@ def test_histogram_values_match_snapshot():
 
 def test_down_source_still_renders_health():
     agg = Aggregator(health=lambda: SourceHealth(up=False, state="blocked", reason="another CUPTI subscriber"))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     assert fams["graphmon_up"].samples[0].value == 0
     info = fams["graphmon_collector_info"].samples[0].labels
     assert info["state"] == "blocked" and "CUPTI" in info["reason"]
@@ -73,7 +74,7 @@ def test_down_source_still_renders_health():
 def test_openmetrics_output_parses():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace()))
-    text = generate_openmetrics(make_registry(agg.snapshot)).decode()
+    text = generate_openmetrics(make_registry(agg.snapshots)).decode()
     assert text.rstrip().endswith("# EOF")
     assert "graphmon_kernel_gap_seconds_bucket" in text
 
@@ -81,7 +82,7 @@ def test_openmetrics_output_parses():
 def test_observer_slowdown_exported_when_known():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace(), observer_slowdown=1.125))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     assert fams["graphmon_observer_slowdown_ratio"].samples[0].value == 1.125
 
 
@@ -90,12 +91,12 @@ def test_render_text_is_byte_identical_to_prometheus_client():
     src = ReplaySource(read_trace(NATIVE), interval_s=0.5, name="golden")
     agg = Aggregator()
     agg.ingest(src.next_window())
-    reg = make_registry(agg.snapshot)
+    reg = make_registry(agg.snapshots)
     assert render_text(reg) == generate_latest(reg)
     t = synthetic_trace(n_streams=3)
     t = t.with_graphs([GraphInfo(key="g1", graph_id=1, label='we"ird\\lab\nel \u00fc', upload_mode="lazy")])
     agg = Aggregator(backend_info={"backend": 'a"b\\c'})
     agg.ingest(window(t, observer_slowdown=1.5))
-    reg = make_registry(agg.snapshot)
+    reg = make_registry(agg.snapshots)
     assert render_text(reg) == generate_latest(reg)
     assert '\\"' in render_text(reg).decode()

@@ -3,7 +3,9 @@ import threading
 import numpy as np
 import pytest
 
-from graphmon.export.snapshot import GAP_BUCKETS_NS, Aggregator, TraceStore, bucket_counts
+from graphmon.export.aggregator import Aggregator
+from graphmon.export.buckets import GAP_BUCKETS_NS, bucket_counts
+from graphmon.export.tracestore import TraceStore
 from graphmon.model.window import SourceHealth
 from graphmon.formats.read import read_trace
 
