@@ -300,7 +300,8 @@ class Aggregator:
                     slot = slots[ident] = (self._cap(names[gi]), self._cap(info.key), self._cap(info.label))
                 else:
                     slot = (OTHER, OTHER, "")
-                    self._fold(("graph", d, ident))
+                    if d != OTHER:  # a folded device's graphs are counted with the device
+                        self._fold(("graph", d, ident))
             ul = info.upload_stream_is_launch_stream
             bs = getattr(info, "batch_size", -1)
             gs = GraphSeries(
