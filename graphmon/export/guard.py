@@ -21,7 +21,7 @@ log = logging.getLogger("graphmon")
 
 MAX_BODY_BYTES = 16 * 1024
 ERROR_LOG_INTERVAL_S = 60.0
-_ABS_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,;]+")
+_ABS_PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[\\/][^\s'\"():,;]+")
 
 
 def base_names(text: str) -> str:

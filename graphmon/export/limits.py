@@ -47,8 +47,9 @@ def limited_protocol(base: type, max_connections: int, header_timeout_s: float, 
             self._gm_last = time.monotonic()
             self._gm_arm()
             conns = self.server_state.connections
-            if len(conns) > max_connections:
-                idle = [c for c in conns if c is not self and getattr(c, "_gm_idle", lambda: False)()]
+            if sum(1 for c in conns if c.transport is not None and not c.transport.is_closing()) > max_connections:
+                idle = [c for c in conns if c is not self and getattr(c, "_gm_idle", lambda: False)()
+                        and c.transport is not None and not c.transport.is_closing()]
                 if idle:
                     min(idle, key=lambda c: c._gm_last)._gm_close()
                     stats.evicted += 1
