@@ -103,8 +103,9 @@ class MetricsRenderer:
     """One cached body per format for the current snapshots.
 
     ``prerender()`` (called by whoever publishes snapshots, off the request path) renders every
-    format; ``body(fmt)`` answers from the cache when the snapshots are the same objects, else
-    renders (one render at a time) and caches. Memory: at most one body per format.
+    format; ``body(fmt)`` answers from the cache when the snapshots are the same objects, answers
+    the previous body while a render is in progress, else renders (one render at a time) and
+    caches. Memory: at most one body per format.
     """
 
     def __init__(self, get_snapshots: Callable[[], Sequence], make_registry: Callable[[Callable], CollectorRegistry],
@@ -128,7 +129,15 @@ class MetricsRenderer:
         return hit[1] if hit is not None and self._same(hit[0], snaps) else None
 
     def body(self, fmt: str, stage: str = "scrape") -> bytes:
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            # A render is in progress (normally the pre-render of a snapshot published a moment
+            # ago): answer with the body before it rather than queue behind it. It is at most one
+            # snapshot older, and counters in it are never ahead of what the next scrape shows.
+            hit = self._cache.get(fmt)
+            if hit is not None and stage == "scrape":
+                return hit[1]
+            self._lock.acquire()
+        try:
             snaps = tuple(self._get())
             hit = self._cache.get(fmt)
             if hit is not None and self._same(hit[0], snaps):
@@ -144,6 +153,8 @@ class MetricsRenderer:
             self.renders += 1
             self._cache[fmt] = (snaps, data)
             return data
+        finally:
+            self._lock.release()
 
     def prerender(self, *_: object) -> None:
         for fmt in FORMATS:

@@ -70,3 +70,16 @@ def test_bad_accept_version_is_answered_200_in_text_and_counts_no_error():
     r = c.get("/metrics", headers={"accept": "application/openmetrics-text; version=abc"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert ex.app.state.errors.snapshot() == {}
+
+
+def test_a_scrape_during_a_render_gets_the_previous_body_instead_of_waiting():
+    ex, c = _exporter()
+    renderer = ex.app.state.renderer
+    old = renderer.cached(TEXT)
+    assert old is not None
+    ex.aggregator.on_publish.clear()  # a new snapshot whose pre-render has not run yet
+    ex.aggregator.ingest(window(synthetic_trace(), ended_s=1_800_000_005.0))
+    assert renderer.cached(TEXT) is None
+    with renderer._lock:  # a render in progress
+        assert renderer.body(TEXT) is old
+    assert renderer.body(TEXT) is not old  # once free, the current snapshot is rendered
