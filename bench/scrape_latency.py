@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import shutil
@@ -57,6 +58,33 @@ def trace_for_series(n_graphs: int, n_streams: int = 4, replays: int = 10, kerne
                        graph_id=a[:, 4], graphs=graphs)
 
 
+def render_ms(trace: Trace, repeats: int = 20) -> dict:
+    """Time to render one snapshot of this trace per format, in this process (no HTTP, no other
+    load of the server): graphmon's renderers against prometheus_client's encoders."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from graphmon.export.aggregator import Aggregator
+    from graphmon.export.collector import make_registry
+    from graphmon.export.exposition import OPENMETRICS, TEXT, render
+    from graphmon.model.window import Window
+
+    agg = Aggregator()
+    agg.ingest(Window(trace=trace, started_s=time.time() - 1, ended_s=time.time()))
+    reg = make_registry(agg.snapshots)
+    out = {}
+    for name, fn in (("graphmon_openmetrics", lambda: render(reg, OPENMETRICS)), ("graphmon_text", lambda: render(reg, TEXT)),
+                     ("prometheus_client_openmetrics", lambda: generate_openmetrics(reg)),
+                     ("prometheus_client_text", lambda: generate_latest(reg))):
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        out[name] = round(float(np.median(ts)), 2)
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,6 +105,7 @@ def main() -> None:
     # ~ (27 buckets + 2) gap lines + 6 quantile lines + neg per (graph, stream), ~ 180 per graph for replays
     n_graphs = max(1, round(args.series / 250))  # ~250 sample lines per 4-stream graph
     trace = trace_for_series(n_graphs)
+    render_median_ms = render_ms(trace)
     # The server runs in its own process (as in production), so scraper threads don't share its GIL.
     tmp = Path(tempfile.mkdtemp()) / "bench.graphmon.npz"
     trace.save(tmp)
@@ -160,8 +189,10 @@ def main() -> None:
         "accept": PROMETHEUS_ACCEPT,
         "latency_ms": lat_ms,
         "first_scrape_after_new_snapshot_ms": pct(first),
+        "render_one_snapshot_median_ms": render_median_ms,
         "saturation_wrk": saturation,
-        "machine": {"cpu": platform.machine(), "python": platform.python_version()},
+        "machine": {"cpu": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
         "command": f"python bench/scrape_latency.py --series {args.series} --seconds {args.seconds:g} "
                    f"--window-interval-s {args.window_interval_s:g} --scrape-interval-ms {args.scrape_interval_ms:g}",
         "window_interval_s": args.window_interval_s,

@@ -47,6 +47,12 @@ OTHER_SAMPLES = {
     "graphmon_last_window_timestamp_seconds",
     "graphmon_collector_errors_total",
     "graphmon_observer_slowdown_ratio",
+    "graphmon_collector_state",
+    "graphmon_graph_last_sampled_timestamp_seconds",
+    "graphmon_build_info",
+    "graphmon_device_info",
+    "graphmon_label_values_truncated_total",
+    "graphmon_values_out_of_range_total",
 }
 CONTRACT_SAMPLES = OTHER_SAMPLES | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 
