@@ -41,6 +41,7 @@ def limited_protocol(base: type, max_connections: int, header_timeout_s: float, 
     class Limited(base):  # type: ignore[misc, valid-type]
         _gm_timer: Any = None
         _gm_last = 0.0
+        _gm_served = False
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -51,7 +52,9 @@ def limited_protocol(base: type, max_connections: int, header_timeout_s: float, 
                 idle = [c for c in conns if c is not self and getattr(c, "_gm_idle", lambda: False)()
                         and c.transport is not None and not c.transport.is_closing()]
                 if idle:
-                    min(idle, key=lambda c: c._gm_last)._gm_close()
+                    # a connection that never completed a request goes first (idle or slowloris), then
+                    # the keep-alive one idle longest: scrapers that reuse connections survive floods
+                    min(idle, key=lambda c: (c._gm_served, c._gm_last))._gm_close()
                     stats.evicted += 1
                 else:
                     stats.refused += 1
@@ -87,6 +90,7 @@ def limited_protocol(base: type, max_connections: int, header_timeout_s: float, 
                 self._gm_arm()  # a new request head starts: it has header_timeout_s to complete
             super().data_received(data)
             if not self._gm_idle():
+                self._gm_served = True
                 self._gm_disarm()
 
         def connection_lost(self, exc) -> None:

@@ -3,8 +3,8 @@
 A window rendered as Chrome JSON is 15-30 MB and ~0.5 s of CPU. So: one render thread (never the
 event loop, never the request thread pool that /status uses), one body per (window, format) shared
 by every download of it, a byte-bounded LRU of bodies, at most ``max_downloads`` downloads at once
-(more get 503), a render duty cycle of at most 1/4 of one core (requests wait for it, or get 429
-beyond 10 s: the host keeps its time), and bodies streamed in chunks so a client that does not read pins no copy.
+(more get 503), render time of at most 1/4 of one core over time after a 2 s burst (requests wait for
+it, or get 429 beyond 10 s: the host keeps its time), and bodies streamed in chunks so a client that does not read pins no copy.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from starlette.responses import StreamingResponse
 # rest is flagged otherData.truncated). ?format=graphmon serves the whole window.
 MAX_TRACE_EVENTS = 100_000
 CHUNK_BYTES = 256 * 1024
-SEND_TIMEOUT_S = 30.0  # a download whose client takes no chunk for this long is cut
+ENCODE_BATCH = 2_000  # events per json.dumps call
+SEND_TIMEOUT_S = 10.0  # a download whose client takes no chunk for this long is cut (frees its slot)
 RENDER_DUTY = 0.25  # renders use at most this share of one core over time
+RENDER_BURST_S = 2.0  # render time allowed at once before the duty cycle applies
 MAX_RENDER_WAIT_S = 10.0  # a request waits this long at most for the render budget, else 429
 
 
@@ -37,7 +39,22 @@ def render_trace(t: Any, fmt: str) -> bytes:
     from graphmon.formats.chrome import to_chrome_trace
 
     doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS)
-    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    events = doc.pop("traceEvents")
+    # Encoded in slices with a GIL yield between them: one json.dumps of 100,000 events holds the
+    # GIL for hundreds of ms, and the event loop (/healthz, /metrics) would wait that long.
+    parts = ['{"traceEvents":[']
+    for i in range(0, len(events), ENCODE_BATCH):
+        if i:
+            parts.append(",")
+        parts.append(_dumps(events[i : i + ENCODE_BATCH])[1:-1])
+        time.sleep(0)
+    rest = _dumps(doc)
+    parts.append("]" + ("," + rest[1:] if len(rest) > 2 else "}"))
+    return "".join(parts).encode("utf-8")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 class TraceBodies:
@@ -48,7 +65,8 @@ class TraceBodies:
         self._bytes = 0
         self._pending: dict[tuple, asyncio.Future] = {}
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._next_render_s = 0.0
+        self._budget_s, self._budget_at = RENDER_BURST_S, time.monotonic()  # render-time token bucket
+        self._render_lock = asyncio.Lock()
         self.active = 0
         self.renders = 0
         self.refused = {"busy": 0, "rate": 0}
@@ -69,39 +87,42 @@ class TraceBodies:
             self._bodies.move_to_end(key)
             return body
         fut = self._pending.get(key)
-        if fut is None:  # first request for this body renders it; the others await the same one
-            t = self._lookup(trace_id)
-            if t is None:
-                raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
-            # Duty cycle: wait for the render budget (bounded) rather than refuse at once.
-            wait_s = self._next_render_s - time.monotonic()
-            if wait_s > MAX_RENDER_WAIT_S:
-                self.refused["rate"] += 1
-                raise HTTPException(429, "trace rendering is rate limited", {"Retry-After": str(int(wait_s) + 1)})
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
-                return await self._body(trace_id, fmt)
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="graphmon-trace")
-            loop = asyncio.get_running_loop()
-            fut = self._pending[key] = loop.create_future()
-            t0 = time.monotonic()
-            self._next_render_s = float("inf")  # one render at a time
-            try:
-                body = await loop.run_in_executor(self._executor, render_trace, t, fmt)
-                self.renders += 1
-                self._keep(key, body)
-                fut.set_result(body)
-            except BaseException as e:
-                fut.set_exception(e)
-                fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
-                raise
-            finally:
-                took = time.monotonic() - t0
-                self._next_render_s = time.monotonic() + took * (1 / RENDER_DUTY - 1)
-                self._pending.pop(key, None)
+        if fut is not None:  # being rendered for another request: share it
+            return await asyncio.shield(fut)
+        t = self._lookup(trace_id)
+        if t is None:
+            raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
+        loop = asyncio.get_running_loop()
+        fut = self._pending[key] = loop.create_future()
+        try:
+            async with self._render_lock:  # one render at a time
+                # Duty cycle: wait for the render budget (bounded) rather than refuse at once.
+                now = time.monotonic()
+                self._budget_s = min(RENDER_BURST_S, self._budget_s + (now - self._budget_at) * RENDER_DUTY)
+                self._budget_at = now
+                wait_s = -self._budget_s / RENDER_DUTY
+                if wait_s > MAX_RENDER_WAIT_S:
+                    self.refused["rate"] += 1
+                    raise HTTPException(429, "trace rendering is rate limited", {"Retry-After": str(int(wait_s) + 1)})
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="graphmon-trace")
+                t0 = time.monotonic()
+                try:
+                    body = await loop.run_in_executor(self._executor, render_trace, t, fmt)
+                finally:
+                    self._budget_s -= time.monotonic() - t0
+            self.renders += 1
+            self._keep(key, body)
+            fut.set_result(body)
             return body
-        return await asyncio.shield(fut)
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        finally:
+            self._pending.pop(key, None)
 
     async def response(self, trace_id: str, fmt: str):
         if self.active >= self.max_downloads:
