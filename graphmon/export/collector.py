@@ -330,8 +330,3 @@ def make_registry(get_snapshots: Callable[[], Sequence[Snapshot]], *, health_onl
     reg.register(HealthCollector(get_snapshots, **kw) if health_only else SnapshotCollector(get_snapshots, **kw))
     return reg
 
-
-def snapshot_registry(snap: Snapshot, **kw) -> CollectorRegistry:
-    """A registry over one fixed snapshot (tests, pre-rendering)."""
-    return make_registry(lambda: (snap,), **kw)
-

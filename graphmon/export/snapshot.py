@@ -74,7 +74,6 @@ class Snapshot:
     values_out_of_range_total: Mapping[str, int] = field(default_factory=lambda: EMPTY) # kind -> values beyond MAX_VALUE_NS, excluded
     label_values_truncated_total: int = 0
     devices: tuple = ()  # device labels with series (after the device cap)
-    extra: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
     @property
     def up(self) -> bool:
