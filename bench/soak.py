@@ -164,7 +164,7 @@ class Hostile:
         socks: list[socket.socket] = []
         while not self.stop.is_set():
             try:
-                ids = httpx.get(f"http://127.0.0.1:{self.port}/status", timeout=30).json()["windows"]
+                ids = _get(f"http://127.0.0.1:{self.port}/status").json()["windows"]
                 for s in socks:
                     s.close()
                 socks = []
@@ -219,6 +219,19 @@ class Hostile:
                 self.healthz_s.append(time.perf_counter() - t)
                 self.healthz_failures += not ok
                 self.stop.wait(0.2)
+
+
+def _get(url: str, tries: int = 5) -> httpx.Response:
+    # The sampler's own requests retry: with the idle-connection flood on, the server's connection
+    # cap may evict a fresh connection before its request head arrives (a reset, by design).
+    for k in range(tries):
+        try:
+            return httpx.get(url, timeout=30)
+        except httpx.TransportError:
+            if k == tries - 1:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def series_count(metrics_text: str) -> int:
@@ -277,8 +290,8 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
             end = now - t0 >= duration_s
             if now >= next_sample or end:
                 s = proc_sample(p, t0)
-                st = httpx.get(base + "/status", timeout=30).json()
-                mt = httpx.get(base + "/metrics", timeout=30).text
+                st = _get(base + "/status").json()
+                mt = _get(base + "/metrics").text
                 lat = sc.take_latencies()
                 s.update(
                     phase="end" if end else "run",
