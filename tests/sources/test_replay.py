@@ -96,15 +96,21 @@ def test_invalid_records_of_the_file_count_once_per_pass():
 
 def test_timestamps_near_int64_max_do_not_stop_the_replay():
     from graphmon.export.aggregator import Aggregator
+    from graphmon.model.trace import Trace
     from helpers import synthetic_trace
 
-    t = synthetic_trace(replays=2, base_ns=9 * 10**18)
+    # one replay at the usual times and one at 9e18 ns: the recording spans ~9e18 ns, so the old
+    # per-pass shift (pass x span) left int64 on the second pass
+    a, b = synthetic_trace(replays=1), synthetic_trace(replays=1, base_ns=9 * 10**18)
+    cols = {c: np.concatenate([getattr(a, c), getattr(b, c)]) for c in ("start_ns", "end_ns", "stream", "graph_id")}
+    t = Trace.build(**cols, correlation_id=np.r_[a.correlation_id, b.correlation_id + 1], graphs=a.graphs)
     src = ReplaySource(t, interval_s=1.0, speed=1.0)
     agg = Aggregator()
-    for _ in range(8):  # old code: int64 overflow after two passes
+    for _ in range(8):  # four passes
         agg.ingest(src.next_window())
     s = agg.snapshot()
     assert s.windows_total == 8 and "analysis" not in s.errors_total
+    assert s.records_total == 8 * len(a)
 
 
 def test_a_dead_replay_thread_shows_in_health():
