@@ -261,7 +261,7 @@ def _add_attach_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
-    p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
+    p.add_argument("--port", type=int, help="port (default 9464; env GRAPHMON_PORT)")
     p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
     if replay:
         p.add_argument("--cardinality", choices=("full", "low"),

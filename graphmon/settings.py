@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRAPHMON_", extra="forbid")
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
-    port: int = Field(9479, ge=0, le=65535, description="base port; attach() adds LOCAL_RANK (9464 is OpenTelemetry's)")
+    port: int = Field(9464, ge=0, le=65535, description="base port; attach() adds LOCAL_RANK")
     token: Optional[str] = Field(None, repr=False,  # kept out of repr(): settings end up in logs and tracebacks
                                  description="bearer token required by POST /capture")
     rank: str = Field(default_factory=_default_rank, description="the 'rank' label")
