@@ -153,7 +153,8 @@ class Hostile:
     def join(self) -> None:
         self.stop.set()
         for t in self.threads:
-            t.join(30)
+            if t.ident is not None:  # started
+                t.join(30)
 
     def _sock(self) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)

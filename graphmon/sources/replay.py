@@ -8,6 +8,7 @@ so the stream of windows looks like one long, monotonic recording.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -128,9 +129,9 @@ class ReplaySource(Source):
     def _run(self, sink: Sink) -> None:
         try:
             self._loop(sink)
-        except BaseException as e:  # the thread ends: health must say so, not "running"
+        except Exception as e:  # the thread ends: health must say so, not "running"
             self.set_state("error", f"replay thread died: {e!r}"[:300])
-            raise
+            logging.getLogger("graphmon").error("graphmon replay thread died", exc_info=True)
 
     def _loop(self, sink: Sink) -> None:
         next_t = time.monotonic() + self.interval_s
