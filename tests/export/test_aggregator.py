@@ -1,7 +1,6 @@
 import threading
 
 import numpy as np
-import pytest
 
 from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import SourceHealth
