@@ -28,7 +28,7 @@ import numpy as np
 from graphmon.analysis import replays
 from graphmon.analysis.grouped import grouped_quantiles
 from graphmon.analysis.reference import analyze_reference
-from graphmon.export.snapshot import Aggregator
+from graphmon.export.aggregator import Aggregator
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace
 from graphmon.model.window import Window

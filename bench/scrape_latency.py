@@ -1,7 +1,8 @@
 """Scrape latency: 8 concurrent scrapers against a real uvicorn server while windows are ingested.
 
 Serves a replayed trace whose /metrics has about --series sample lines, runs 8 scraper threads for
---seconds, and writes p50/p90/p99/max latency to bench/results/scrape-latency.json.
+--seconds with Prometheus's own Accept header (OpenMetrics first), and writes p50/p90/p99/max latency of all
+scrapes and of the first scrape after each new snapshot to bench/results/scrape-latency.json.
 
     python bench/scrape_latency.py [--series 1000] [--seconds 20]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import shutil
@@ -28,6 +30,11 @@ from graphmon.formats.native import write_trace
 from graphmon.model.trace import GraphInfo, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
+# What Prometheus sends (scrape.go): OpenMetrics first. A scrape with this header takes the path
+# real scrapes take; `Accept: */*` (text) was all this bench measured before.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+WINDOWS_LINE = re.compile(rb'^graphmon_windows_total\{rank="0"\} ([0-9.e+]+)$', re.M)
 
 
 def trace_for_series(n_graphs: int, n_streams: int = 4, replays: int = 10, kernels: int = 240) -> Trace:
@@ -52,6 +59,33 @@ def trace_for_series(n_graphs: int, n_streams: int = 4, replays: int = 10, kerne
                        graph_id=a[:, 4], graphs=graphs)
 
 
+def render_ms(trace: Trace, repeats: int = 20) -> dict:
+    """Time to render one snapshot of this trace per format, in this process (no HTTP, no other
+    load of the server): graphmon's renderers against prometheus_client's encoders."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from graphmon.export.aggregator import Aggregator
+    from graphmon.export.collector import make_registry
+    from graphmon.export.exposition import OPENMETRICS, TEXT, render
+    from graphmon.model.window import Window
+
+    agg = Aggregator()
+    agg.ingest(Window(trace=trace, started_s=time.time() - 1, ended_s=time.time()))
+    reg = make_registry(agg.snapshots)
+    out = {}
+    for name, fn in (("graphmon_openmetrics", lambda: render(reg, OPENMETRICS)), ("graphmon_text", lambda: render(reg, TEXT)),
+                     ("prometheus_client_openmetrics", lambda: generate_openmetrics(reg)),
+                     ("prometheus_client_text", lambda: generate_latest(reg))):
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        out[name] = round(float(np.median(ts)), 2)
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,6 +106,7 @@ def main() -> None:
     # ~ (27 buckets + 2) gap lines + 6 quantile lines + neg per (graph, stream), ~ 180 per graph for replays
     n_graphs = max(1, round(args.series / 250))  # ~250 sample lines per 4-stream graph
     trace = trace_for_series(n_graphs)
+    render_median_ms = render_ms(trace)
     # The server runs in its own process (as in production), so scraper threads don't share its GIL.
     tmp = Path(tempfile.mkdtemp()) / "bench.graphmon.npz"
     write_trace(trace, tmp)
@@ -93,19 +128,29 @@ def main() -> None:
     body = httpx.get(url).text
     series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
     lat: list[float] = []
+    first: list[float] = []  # the first scrape (of any scraper) that saw each new snapshot
+    seen: set = set()
+    seen_lock = threading.Lock()
     errors = 0
     stop = time.monotonic() + args.seconds
     w0 = httpx.get(status).json()["windows_total"]
 
     def scrape(k):
         nonlocal errors
-        with httpx.Client(timeout=10) as c:
+        with httpx.Client(timeout=10, headers={"Accept": PROMETHEUS_ACCEPT}) as c:
             time.sleep(k * args.scrape_interval_ms / 1e3 / args.scrapers)  # spread the scrapers out
             while time.monotonic() < stop:
                 t0 = time.perf_counter()
                 r = c.get(url)
-                lat.append(time.perf_counter() - t0)
-                errors += r.status_code != 200
+                dt = time.perf_counter() - t0
+                lat.append(dt)
+                errors += r.status_code != 200 or not r.headers.get("content-type", "").startswith(
+                    "application/openmetrics-text")
+                m = WINDOWS_LINE.search(r.content)
+                with seen_lock:
+                    if m and m.group(1) not in seen:
+                        seen.add(m.group(1))
+                        first.append(dt)
                 time.sleep(max(0.0, args.scrape_interval_ms / 1e3 - (time.perf_counter() - t0)))
 
     ths = [threading.Thread(target=scrape, args=(k,)) for k in range(args.scrapers)]
@@ -117,7 +162,8 @@ def main() -> None:
     saturation = None
     if shutil.which("wrk"):
         # Throughput ceiling: the same scrapers back to back (wrk is C: its own cost stays out).
-        r = subprocess.run(["wrk", "-t1", f"-c{args.scrapers}", "-d10s", "--latency", "--timeout", "10s", url],
+        r = subprocess.run(["wrk", "-t1", f"-c{args.scrapers}", "-d10s", "--latency", "--timeout", "10s",
+                            "-H", f"Accept: {PROMETHEUS_ACCEPT}", url],
                            capture_output=True, text=True)
         pct = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", r.stdout, re.M))
         rps = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
@@ -125,9 +171,13 @@ def main() -> None:
                       "note": "closed loop: latency here is queueing behind the other connections"}
     proc.terminate()
     proc.wait(10)
-    ms = np.array(lat) * 1e3
-    lat_ms = {"p50": round(float(np.percentile(ms, 50)), 2), "p90": round(float(np.percentile(ms, 90)), 2),
-              "p99": round(float(np.percentile(ms, 99)), 2), "max": round(float(ms.max()), 2)}
+    def pct(values):
+        ms = np.array(values) * 1e3
+        return {"n": len(values), "p50": round(float(np.percentile(ms, 50)), 2),
+                "p90": round(float(np.percentile(ms, 90)), 2), "p99": round(float(np.percentile(ms, 99)), 2),
+                "max": round(float(ms.max()), 2)}
+
+    lat_ms = pct(lat)
     nreq = len(lat)
     res = {
         "series_in_metrics": series,
@@ -137,13 +187,17 @@ def main() -> None:
         "scrapes": nreq,
         "errors": errors,
         "windows_ingested_during_run": windows,
+        "accept": PROMETHEUS_ACCEPT,
         "latency_ms": lat_ms,
+        "first_scrape_after_new_snapshot_ms": pct(first),
+        "render_one_snapshot_median_ms": render_median_ms,
         "saturation_wrk": saturation,
-        "machine": {"cpu": platform.machine(), "python": platform.python_version()},
+        "machine": {"cpu": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
         "command": f"python bench/scrape_latency.py --series {args.series} --seconds {args.seconds:g} "
                    f"--window-interval-s {args.window_interval_s:g} --scrape-interval-ms {args.scrape_interval_ms:g}",
         "window_interval_s": args.window_interval_s,
-        "note": "server in its own process, ingesting windows meanwhile; the scraper threads (httpx) share "
+        "note": "Prometheus's Accept header (OpenMetrics); server in its own process, ingesting windows meanwhile; the scraper threads (httpx) share "
                 "the machine's 2 cores with it; latency includes the client's HTTP handling",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

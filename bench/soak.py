@@ -122,13 +122,117 @@ class Scrapers:
         with self.lock:
             self.captures += 1
         tid = r.json()["id"]
-        t = c.get(f"/trace/{tid}")
-        # 404: evicted before we asked (the store is bounded); anything else is a failure
-        self._count("/trace", t, ok=(200, 404))
+        t = c.get(f"/trace/{tid}", headers=self.headers)
+        # 404: evicted before we asked (the store is bounded); 503/429: the download cap and the
+        # render budget (slow readers hold the slots); anything else is a failure
+        self._count("/trace", t, ok=(200, 404, 429, 503))
         if t.status_code == 200:
             with self.lock:
                 self.traces_ok += 1
                 self.trace_bytes_max = max(self.trace_bytes_max, len(t.content))
+
+
+class Hostile:
+    """What a careless or hostile client does (issue 18): ``slow`` sockets that request a trace
+    and never read the answer, ``idle`` sockets that connect and send nothing (reopened when the
+    server closes them), and a /healthz probe every 0.2 s whose latency is recorded."""
+
+    def __init__(self, port: int, token: str, slow: int = 24, idle: int = 100):
+        self.port, self.token, self.n_slow, self.n_idle = port, token, slow, idle
+        self.stop = threading.Event()
+        self.healthz_s: list[float] = []
+        self.healthz_failures = 0
+        self.idle_closed_by_server = 0
+        self.slow_requests = 0
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._slow, self._idle, self._probe)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            if t.ident is not None:  # started
+                t.join(30)
+
+    def _sock(self) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes nothing
+        return s
+
+    def _slow(self) -> None:
+        socks: list[socket.socket] = []
+        while not self.stop.is_set():
+            try:
+                ids = _get(f"http://127.0.0.1:{self.port}/status").json()["windows"]
+                for s in socks:
+                    s.close()
+                socks = []
+                for k in range(self.n_slow if ids else 0):
+                    s = self._sock()
+                    s.sendall(f"GET /trace/{ids[-1 - k % len(ids)]} HTTP/1.1\r\nHost: x\r\n"
+                              f"Authorization: Bearer {self.token}\r\n\r\n".encode())
+                    socks.append(s)
+                    self.slow_requests += 1
+            except (OSError, httpx.HTTPError, KeyError):
+                pass
+            self.stop.wait(10.0)  # hold them, then open a fresh set on newer windows
+        for s in socks:
+            s.close()
+
+    def _idle(self) -> None:
+        socks: list[socket.socket] = []
+        while not self.stop.is_set():
+            alive = []
+            for s in socks:
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        self.idle_closed_by_server += 1
+                        s.close()
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.idle_closed_by_server += 1
+                    s.close()
+                    continue
+                alive.append(s)
+            socks = alive
+            try:
+                while len(socks) < self.n_idle:
+                    socks.append(self._sock())
+            except OSError:
+                pass
+            self.stop.wait(0.5)
+        for s in socks:
+            s.close()
+
+    def _probe(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            while not self.stop.is_set():
+                t = time.perf_counter()
+                try:
+                    ok = c.get(f"http://127.0.0.1:{self.port}/healthz").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.healthz_s.append(time.perf_counter() - t)
+                self.healthz_failures += not ok
+                self.stop.wait(0.2)
+
+
+def _get(url: str, tries: int = 5) -> httpx.Response:
+    # The sampler's own requests retry: with the idle-connection flood on, the server's connection
+    # cap may evict a fresh connection before its request head arrives (a reset, by design).
+    for k in range(tries):
+        try:
+            return httpx.get(url, timeout=30)
+        except httpx.TransportError:
+            if k == tries - 1:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def series_count(metrics_text: str) -> int:
@@ -144,7 +248,8 @@ def quantile(xs: list[float], q: float) -> Optional[float]:
 
 def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: float = 10.0,
              warmup_s: Optional[float] = None, trace_store_count: int = 16, trace_store_mib: int = 64,
-             scrapers: int = 8, trace: Path = TRACE, max_graphs: int = 64, log=print) -> dict:
+             scrapers: int = 8, trace: Path = TRACE, max_graphs: int = 64, log=print,
+             slow_readers: int = 0, idle_connections: int = 0) -> dict:
     """Run the soak; returns the result document (no assertions here)."""
     port = free_port()
     token = "soak-token"
@@ -176,6 +281,9 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
         samples = [dict(proc_sample(p, t0), phase="start", windows_total=0, requests=0)]
         sc = Scrapers(base, n=scrapers, token=token)
         sc.start()
+        hostile = Hostile(port, token, slow=slow_readers, idle=idle_connections)
+        if slow_readers or idle_connections:
+            hostile.start()
         warm: Optional[dict] = None
         next_sample = t0 + min(sample_s, warmup_s) if warmup_s > 0 else t0 + sample_s
         while True:
@@ -183,8 +291,8 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
             end = now - t0 >= duration_s
             if now >= next_sample or end:
                 s = proc_sample(p, t0)
-                st = httpx.get(base + "/status", timeout=30).json()
-                mt = httpx.get(base + "/metrics", timeout=30).text
+                st = _get(base + "/status").json()
+                mt = _get(base + "/metrics").text
                 lat = sc.take_latencies()
                 s.update(
                     phase="end" if end else "run",
@@ -213,6 +321,7 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
                 raise RuntimeError("graphmon serve died during the soak:\n" + "".join(output))
             time.sleep(min(0.5, max(0.0, next_sample - time.monotonic())))
         sc.join()
+        hostile.join()
         # SIGTERM: the same path as a pod shutdown; time the clean exit.
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -251,6 +360,14 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
         "metrics_graphs_max": max(s["metrics_graphs"] for s in samples if "metrics_graphs" in s),
         "series_folded_total_end": last.get("series_folded_total"),
         "errors_total_end": last.get("errors_total", {}),
+        "slow_readers": slow_readers,
+        "slow_trace_requests": hostile.slow_requests,
+        "idle_connections": idle_connections,
+        "idle_closed_by_server": hostile.idle_closed_by_server,
+        "healthz_probes": len(hostile.healthz_s),
+        "healthz_failures": hostile.healthz_failures,
+        "healthz_p99_ms": None if not hostile.healthz_s else round(quantile(hostile.healthz_s, 0.99) * 1e3, 2),
+        "healthz_max_ms": None if not hostile.healthz_s else round(max(hostile.healthz_s) * 1e3, 2),
         "sigterm_exit_code": rc,
         "sigterm_exit_s": round(exit_s, 2),
     }
@@ -261,7 +378,8 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
         "config": {"minutes": minutes, "window_interval_s": window_interval_s, "sample_s": sample_s,
                    "warmup_s": warmup_s, "trace_store_count": trace_store_count,
                    "trace_store_mib": trace_store_mib, "scrapers": scrapers, "max_graphs": max_graphs,
-                   "trace": str(trace.relative_to(ROOT))},
+                   "trace": str(trace.relative_to(ROOT)), "slow_readers": slow_readers,
+                   "idle_connections": idle_connections},
         "environment": {"python": platform.python_version(), "platform": platform.platform(),
                         "cpus": os.cpu_count()},
         "summary": summary,
@@ -293,6 +411,10 @@ def write_md(doc: dict, path: Path) -> None:
         f"(largest {s['trace_download_bytes_max'] / MiB:.1f} MiB); trace store held at most "
         f"{s['trace_store_windows_max']} windows",
         f"- contained errors at the end: {s['errors_total_end'] or 'none'}",
+        f"- hostile clients: {s.get('slow_readers', 0)} slow /trace readers at a time "
+        f"({s.get('slow_trace_requests', 0)} requests, never read), {s.get('idle_connections', 0)} idle connections "
+        f"({s.get('idle_closed_by_server', 0)} closed by the server); /healthz every 0.2 s: "
+        f"p99 {s.get('healthz_p99_ms')} ms, max {s.get('healthz_max_ms')} ms, {s.get('healthz_failures', 0)} failures",
         f"- SIGTERM: exit code {s['sigterm_exit_code']} after {s['sigterm_exit_s']} s",
         "",
     ]
@@ -305,10 +427,13 @@ def main(argv=None) -> int:
     ap.add_argument("--window-interval-s", type=float, default=0.25)
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--scrapers", type=int, default=8)
+    ap.add_argument("--slow-readers", type=int, default=24, help="/trace requests that are never read")
+    ap.add_argument("--idle-connections", type=int, default=100, help="sockets that connect and send nothing")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     args = ap.parse_args(argv)
     doc = run_soak(minutes=args.minutes, window_interval_s=args.window_interval_s, sample_s=args.sample_s,
-                   scrapers=args.scrapers, log=lambda m: print(m, flush=True))
+                   scrapers=args.scrapers, log=lambda m: print(m, flush=True),
+                   slow_readers=args.slow_readers, idle_connections=args.idle_connections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     write_md(doc, args.out.with_suffix(".md"))

@@ -19,7 +19,8 @@ class CliError(Exception):
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from graphmon.analysis.replays import analyze
-    from graphmon.report.summary import analysis_json, format_table
+    from graphmon.report.summary import analysis_json
+    from graphmon.report.tables import format_table
     from graphmon.formats.read import read_trace
 
     if args.plot and len(args.paths) > 1:
@@ -188,6 +189,7 @@ def _settings_from_args(args: argparse.Namespace):
     over = {k: v for k, v in {
         "host": args.host, "port": args.port, "token": args.token,
         "window_interval_s": args.window_interval_s, "max_graphs": args.max_graphs, "max_streams": args.max_streams,
+        "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
     }.items() if v is not None}
     try:
         return Settings(**over)
@@ -198,13 +200,15 @@ def _settings_from_args(args: argparse.Namespace):
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
+    import math
     import signal
 
-    import uvicorn
-
     from graphmon.export.exporter import Exporter
+    from graphmon.export.limits import bind, make_server
 
     settings = _settings_from_args(args)
+    if not (math.isfinite(args.speed) and 0 < args.speed <= 1e6):
+        raise CliError(f"--speed must be a number > 0 and <= 1e6 (got {args.speed!r})")
     if args.source == "cupti":
         from graphmon.sources.cupti.collector import CuptiSource
 
@@ -216,14 +220,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         path = args.replay or bundled_trace_path()
         trace = read_trace(path, progress=None)
         source = ReplaySource(trace, interval_s=settings.window_interval_s, speed=args.speed, name=path)
+    try:  # bound before anything starts: a busy port is one line, not uvicorn's own error
+        sock = bind(settings.host, settings.port)
+    except OSError as e:
+        raise CliError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
     if settings.is_public and settings.token is None:
         print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
-              "POST /capture is refused until a token is set", file=sys.stderr)
+              "POST /capture and GET /trace are refused until a token is set", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exporter = Exporter(source, settings)
     exporter.start()
-    print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{settings.port}/metrics "
-          f"(status: /status, docs: /docs)", file=sys.stderr, flush=True)
+    print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{sock.getsockname()[1]}/metrics "
+          f"(status: /status, links: /)", file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal; with the default
     # action that kills the process before the finally below (no exporter.stop(), pending window
     # lost). A handler of our own turns that re-raise into a normal exit.
@@ -232,7 +240,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        uvicorn.run(exporter.app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        make_server(exporter.app, settings).run(sockets=[sock])
     finally:
         exporter.stop()
     return 0
@@ -301,6 +309,10 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
     p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
     if replay:
+        p.add_argument("--cardinality", choices=("full", "low"),
+                       help="low: no histogram buckets, quantile summaries only (env GRAPHMON_CARDINALITY)")
+        p.add_argument("--stale-after-s", type=float,
+                       help="drop series of graphs not sampled this long (default 600; env GRAPHMON_STALE_AFTER_S)")
         p.add_argument("--window-interval-s", type=float,
                        help="seconds between replayed windows (env GRAPHMON_WINDOW_INTERVAL_S)")
     p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")

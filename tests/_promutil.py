@@ -57,6 +57,8 @@ OTHER_SAMPLES = {
     "graphmon_empty_windows_total",
     "graphmon_processes_lost_total",
     "graphmon_processes",
+    "graphmon_label_values_truncated_total",
+    "graphmon_values_out_of_range_total",
 }
 CONTRACT_SAMPLES = OTHER_SAMPLES | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 

@@ -171,3 +171,37 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
     for flag, key in (("--window-launches", "window_launches"), ("--buffer-size-bytes", "buffer_size_bytes"),
                       ("--max-buffers", "max_buffers"), ("--max-window-records", "max_window_records")):
         assert f"(default {d[key]};" in text, flag
+
+
+# ---------------------------------------------------------------- issue 18 items 19, 20
+def _serve(*args, env=None, timeout=60):
+    import os
+
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "graphmon.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e)
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--window-interval-s", "1e300"], None),
+    ([], {"GRAPHMON_WINDOW_INTERVAL_S": "inf"}),
+    (["--speed", "0"], None), (["--speed", "-1"], None), (["--speed", "nan"], None),
+    (["--stale-after-s", "nan"], None),
+])
+def test_bad_settings_exit_2_with_one_line(args, env):
+    r = _serve("--port", "0", *args, env=env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphmon: error:"), r.stderr
+
+
+def test_busy_port_exits_2_with_one_line():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        r = _serve("--port", str(s.getsockname()[1]))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphmon: error: cannot listen on"), r.stderr

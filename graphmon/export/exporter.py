@@ -1,15 +1,20 @@
-"""Wires a source to the aggregator, the Prometheus registry and the FastAPI app."""
+"""Wiring for the in-process and replay cases: source -> aggregator -> snapshot -> app (+ uvicorn)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Optional
 
-from graphmon.export.collector import TEXT_CONTENT_TYPE, make_registry, render_text
+from graphmon.export.aggregator import Aggregator
+from graphmon.export.snapshot import Snapshot
+from graphmon.export.tracestore import TraceStore
+from graphmon.model.window import SourceHealth
 from graphmon.settings import Settings
-from graphmon.export.snapshot import Aggregator, Snapshot, TraceStore
 from graphmon.sources.base import Source
 
 log = logging.getLogger("graphmon")
@@ -18,25 +23,23 @@ log = logging.getLogger("graphmon")
 class Exporter:
     """Source -> Aggregator -> snapshot; plus the HTTP app. One per process."""
 
-    def __init__(self, source: Source, settings: Optional[Settings] = None):
-        self.settings = settings or Settings()
+    def __init__(self, source: Source, settings: Optional[Settings] = None, *, health_only: bool = False):
+        self.settings = s = settings or Settings()
         self.source = source
-        self.store = TraceStore(self.settings.trace_store_count, self.settings.trace_store_bytes)
+        self.store = TraceStore(s.trace_store_count, s.trace_store_bytes)
         self.aggregator = Aggregator(
-            rank=self.settings.rank,
-            max_graphs=self.settings.max_graphs,
-            max_streams=self.settings.max_streams,
-            trace_store=self.store,
-            health=source.health,
-            backend_info=lambda: _safe_info(source),
+            rank=s.rank, max_graphs=s.max_graphs, max_streams=s.max_streams, trace_store=self.store,
+            health=self._health, backend_info=lambda: _safe_info(source),
+            process={"rank": s.rank, "pid": str(os.getpid()), "host": socket.gethostname()},
+            max_devices=s.max_devices, max_label_length=s.max_label_length, stale_after_s=s.stale_after_s,
         )
-        # /metrics text rendered once per snapshot, by the thread that published it, so a scrape
-        # only copies bytes: content type -> (snapshot, body).
-        self.rendered: dict = {}
-        self.aggregator.on_publish.append(self._prerender)
         from graphmon.export.server import create_app  # FastAPI import stays off the analysis path
 
-        self.app = create_app(self)
+        self.app = create_app(snapshots=self.aggregator.snapshots, capture=source.request_capture,
+                              trace_lookup=self.store.get, settings=s, health_only=health_only)
+        # /metrics rendered in every format once per snapshot, by the thread that published it,
+        # so a scrape only copies bytes.
+        self.aggregator.on_publish.append(self._prerender)
         self._stop = threading.Event()
         self._refresher: Optional[threading.Thread] = None
         self._server = None
@@ -48,7 +51,16 @@ class Exporter:
 
     def _prerender(self, snap: Snapshot) -> None:
         time.sleep(0)  # yield the GIL between building the snapshot and rendering it
-        self.rendered[TEXT_CONTENT_TYPE] = (snap, render_text(make_registry(lambda: snap)))
+        self.app.state.renderer.prerender()
+
+    def _health(self) -> SourceHealth:
+        h = self.source.health()
+        # A worker thread that died (an exception its loop did not contain) must show, not leave
+        # "running" with no windows.
+        t = getattr(self.source, "_thread", None)
+        if h.state == "running" and t is not None and not t.is_alive() and not self._stop.is_set():
+            return dataclasses.replace(h, up=False, state="error", reason=f"{t.name} thread died")
+        return h
 
     def start(self) -> None:
         if self.started:
@@ -64,13 +76,14 @@ class Exporter:
             self.aggregator.refresh_if_changed()
 
     def serve_background(self, timeout_s: float = 10.0) -> None:
-        """Run uvicorn on settings.host:port in a daemon thread; return once it listens."""
-        import uvicorn
+        """Run uvicorn on settings.host:port in a daemon thread; return once it listens.
+        A busy port raises OSError here."""
+        from graphmon.export.limits import bind, make_server
 
-        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
-                                log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._server_thread = threading.Thread(target=self._server.run, name="graphmon-http", daemon=True)
+        sock = bind(self.settings.host, self.settings.port)
+        self._server = make_server(self.app, self.settings)
+        self._server_thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                               name="graphmon-http", daemon=True)
         self._server_thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:

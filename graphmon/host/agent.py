@@ -18,7 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from graphmon.export.snapshot import Aggregator, Snapshot, TraceStore
+from graphmon.export.aggregator import Aggregator
+from graphmon.export.snapshot import Snapshot
+from graphmon.export.tracestore import TraceStore
+from graphmon.report.summary import snapshot_graphs
 from graphmon.model.window import CaptureRequest, SourceHealth, Window
 from graphmon.settings import Settings
 from graphmon.sources.remote import STATES, AgentListener, RemoteProcess
@@ -71,6 +74,7 @@ class Agent:
         self.heartbeat_lost_s = float(heartbeat_lost_s)
         self.tick_s = float(tick_s)
         self.recorder_factory = recorder_factory
+        self.publish_hooks: list[Callable] = []  # called with each new snapshot of any process (HTTP pre-render)
         self.processes: dict[str, Attached] = {}
         self.lost_total = 0
         self.empty_total = {r: {} for r in EMPTY_REASONS}  # reason -> rank -> count
@@ -107,9 +111,17 @@ class Agent:
             rank = self._unique_rank(proc.identity.get("rank", "") or f"pid{pid}", pid)
             store = TraceStore(self.settings.trace_store_count, self.settings.trace_store_bytes)
             box: dict = {}
-            agg = Aggregator(rank=rank, max_graphs=self.settings.max_graphs, max_streams=self.settings.max_streams,
+            st = self.settings
+            ident = proc.identity
+            process = {"rank": rank, "pid": str(pid), "host": ident.get("host", ""), "device": ident.get("device", ""),
+                       "uuid": ident.get("uuid", ""), "pci_bus_id": ident.get("pci_bus_id", ""),
+                       "gpu_name": ident.get("gpu_name", "")}
+            agg = Aggregator(rank=rank, max_graphs=st.max_graphs, max_streams=st.max_streams,
                              trace_store=store, backend_info=proc.info,
-                             health=lambda: box["a"].health() if "a" in box else proc.health())
+                             health=lambda: box["a"].health() if "a" in box else proc.health(),
+                             max_devices=st.max_devices, max_label_length=st.max_label_length,
+                             stale_after_s=st.stale_after_s, process=process)
+            agg.on_publish.extend(self.publish_hooks)
             a = Attached(key=key, proc=proc, aggregator=agg, store=store, rank=rank)
             box["a"] = a
             if self.recorder_factory is not None:
@@ -250,7 +262,7 @@ class Agent:
                         "windows_total": s.windows_total, "records_total": s.records_total,
                         "empty_windows": a.proc.empty_windows,
                         "windows": [f"{a.key}-{w}" if not w.startswith("c") else w for w in s.windows],
-                        "link": dict(a.proc.status.get("link") or {}), "graphs": list(s.last_window_summary)})
+                        "link": dict(a.proc.status.get("link") or {}), "graphs": snapshot_graphs(s)})
         return out
 
     def state_counts(self) -> dict[str, int]:

@@ -1,22 +1,18 @@
 """The agent's HTTP side: /metrics over every attached process, /status with the process list.
 
-Plugs into the export layer through the agreed narrow interface
-``create_app(snapshots=, capture=, trace_lookup=, settings=, extra_status=)`` when the export
-layer offers it; until then (today's ``create_app(exporter)``) a small adapter stands in and
-the per-process snapshots are merged family by family here (``merged_families``).
+Plugs into the export layer through its narrow interface ``create_app(snapshots=, capture=,
+trace_lookup=, settings=, extra_status=, extra_collectors=)``: the export collector emits each
+family once over every process's snapshot; the agent adds its process-health families.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import CollectorRegistry
 
-from graphmon.export.collector import SnapshotCollector, render_text
 from graphmon.host.agent import EMPTY_REASONS, Agent
 
 PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
@@ -60,36 +56,15 @@ def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
     yield procs
 
 
-def merged_families(snapshots) -> Iterable[Metric]:
-    """Each family once, with the samples of every process (compat for today's one-snapshot
-    SnapshotCollector; the export layer's collector over ``get_snapshots`` replaces it)."""
-    fams: dict[str, Metric] = {}
-    for s in snapshots:
-        for m in SnapshotCollector(lambda s=s: s).collect():
-            have = fams.get(m.name)
-            if have is None:
-                fams[m.name] = m
-            else:
-                have.samples.extend(m.samples)
-    return fams.values()
+class AgentHealthCollector:
+    """The agent's own families (process list and health), beside the per-process snapshots."""
 
-
-class _AgentCollector:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    def describe(self):
-        return []
-
-    def collect(self):
-        yield from merged_families(self.agent.snapshots())
-        yield from health_families(self.agent)
-
-
-def render_metrics(agent: Agent) -> bytes:
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(_AgentCollector(agent))
-    return render_text(reg)
+    def collect(self) -> Iterable[Metric]:
+        # graphmon_device_info comes from each Snapshot.process (the export layer's collector)
+        yield from health_families(self.agent, device_info=False)
 
 
 def status(agent: Agent) -> dict:
@@ -104,80 +79,24 @@ def status(agent: Agent) -> dict:
 
 
 def create_agent_app(agent: Agent):
-    from graphmon.export import server
-
-    params = inspect.signature(server.create_app).parameters
-    if "snapshots" in params:  # the export layer's narrow interface
-        return server.create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
-                                 settings=agent.settings, extra_status=lambda: status(agent))
-    return _compat_app(agent)
-
-
-class _Compat:
-    """Quacks like today's Exporter for server.create_app(exporter); /metrics, /status and
-    /healthz are replaced below, so only capture, traces and settings go through it."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.settings = agent.settings
-        self.rendered: dict = {}
-        self.aggregator = self  # count_error / wait_for / _errors
-        self.source = self  # request_capture
-        self.store = self  # get
-        self._errors = agent.errors
-
-    def snapshot(self):
-        snaps = self.agent.snapshots()
-        if snaps:
-            return snaps[0]
-        from graphmon.export.snapshot import Aggregator
-
-        return Aggregator(rank="", health=lambda: _NO_PROCESS).snapshot()
-
-    def count_error(self, stage, exc=None):
-        self._errors[stage] = self._errors.get(stage, 0) + 1
-
-    def wait_for(self, wid, timeout_s):
-        return self.agent.wait_for(wid, timeout_s)
-
-    def request_capture(self, req):
-        self.agent.capture(req)
-
-    def get(self, trace_id):
-        return self.agent.trace_lookup(trace_id)
-
-
-def _compat_app(agent: Agent):
-    from fastapi.responses import Response
-    from graphmon.export.collector import TEXT_CONTENT_TYPE
     from graphmon.export.server import create_app
-    from graphmon.model.window import SourceHealth
 
-    global _NO_PROCESS
-    _NO_PROCESS = SourceHealth(up=False, state="starting", reason="no process attached yet")
-    app = create_app(_Compat(agent))
-    replaced = {"/metrics", "/status", "/healthz"}
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in replaced]
-    lock = threading.Lock()
-
-    @app.get("/metrics", summary="Prometheus metrics of every attached process")
-    def metrics() -> Response:
-        with lock:  # one render at a time: a scrape storm must not multiply the agent's CPU
-            body = render_metrics(agent)
-        return Response(content=body, media_type=TEXT_CONTENT_TYPE)
-
-    @app.get("/status", summary="Every attached process: rank, device, pid, state, last window age")
-    def status_route() -> dict:
-        return status(agent)
-
-    @app.get("/healthz", summary="Liveness of the agent itself")
-    def healthz() -> dict:
-        return {"status": "ok", "processes": len(agent.processes), "time_s": time.time()}
-
+    app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
+                     settings=agent.settings, extra_status=lambda: status(agent),
+                     extra_collectors=[AgentHealthCollector(agent)])
+    # every process's new snapshot re-renders /metrics off the request path
+    agent.publish_hooks.append(lambda _snap: app.state.renderer.prerender())
     return app
 
 
-_NO_PROCESS = None
+def render_metrics(agent: Agent) -> bytes:
+    """/metrics as the agent serves it (text format), rendered now: tests and diagnostics."""
+    from graphmon.export.collector import make_registry
+    from graphmon.export.exposition import render
+
+    reg = make_registry(agent.snapshots, cardinality=agent.settings.cardinality,
+                        extra=[AgentHealthCollector(agent)])
+    return render(reg, "text")
 
 
 def serve_background(agent: Agent, host: str, port: int, timeout_s: float = 10.0):

@@ -1,6 +1,13 @@
-"""Analysis -> plain dicts (the JSON of ``graphmon analyze`` and ``/status``) and text tables."""
+"""Analysis and snapshots -> plain dicts (the JSON of ``graphmon analyze`` and ``/status``).
+
+Text tables are in report/tables.py. The export layer hands over data (a snapshot holds the last
+window's analysis); formatting happens here, outside the ingest lock.
+"""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import numpy as np
 
@@ -135,59 +142,36 @@ def analysis_json(a: Analysis, by: str = "graph", source: str | None = None, top
     return doc
 
 
-# ---------------------------------------------------------------------- text
-def _fmt_ns(v: float) -> str:
-    if v != v:  # NaN
-        return "-"
-    a = abs(v)
-    if a < 10_000:
-        return f"{v:.0f} ns"
-    if a < 10_000_000:
-        return f"{v / 1e3:.2f} µs"
-    return f"{v / 1e6:.3f} ms"
+# ---------------------------------------------------------------------- snapshots
+# The graph "family": a graph label without its upload-mode suffix. The same rule as
+# dashboards/generate.py's FAMILY_REGEX (Prometheus anchors label_replace regexes): keep it in sync
+# (tests/report checks both agree).
+UPLOAD_SUFFIXES = ("upload", "no_upload", "uploaded", "lazy", "instantiate_upload")
+_FAMILY = re.compile(r"(.*?)(/(" + "|".join(UPLOAD_SUFFIXES) + r"))?")
 
 
-def format_table(doc: dict, by: str = "graph") -> str:
-    lines = []
-    if doc.get("source"):
-        lines.append(f"== {doc['source']}")
-    lines.append(
-        f"{doc['kernels']} kernels, {doc['replays']} replays, {doc['non_graph_kernels']} outside graphs; "
-        f"invalid: {doc['invalid_records'] or 'none'}"
-    )
-    if by == "boundary":
-        from graphmon.report.boundary_tables import format_widest
+def graph_family(graph: str) -> str:
+    return _FAMILY.fullmatch(graph).group(1)
 
-        return "\n".join(lines) + "\n" + format_widest(doc.get("boundaries", []))
-    if by == "stream":
-        hdr = f"{'dev':>3} {'stream':>8} {'gaps':>9} {'p10':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'mean':>10} {'neg':>5}  graphs"
-        lines.append(hdr)
-        for s in doc.get("streams", []):
-            g = s["gap_ns"]
-            lines.append(
-                f"{s['device']:>3} {s['stream']:>8} {s['gaps']:>9} {_fmt_ns(g['p10']):>10} {_fmt_ns(g['p50']):>10} "
-                f"{_fmt_ns(g['p90']):>10} {_fmt_ns(g['p99']):>10} {_fmt_ns(g['mean']):>10} {s['negative_gaps']:>5}  "
-                + ",".join(s["graphs"])
-            )
-        return "\n".join(lines)
-    for g in doc["graphs"]:
-        lines.append("")
-        lines.append(
-            f"graph {g['graph']} (device {g['device']}, {g['upload_mode']}): {g['replays']} replays, "
-            f"{g['kernels_per_replay']:g} kernels/replay"
-        )
-        for k in ("span_ns", "busy_ns", "idle_ns", "launch_latency_ns", "inter_replay_gap_ns"):
-            if k in g and g[k].get("count"):
-                d = g[k]
-                lines.append(
-                    f"  {k[:-3]:<18} p50 {_fmt_ns(d['p50']):>10}  p90 {_fmt_ns(d['p90']):>10}  "
-                    f"p99 {_fmt_ns(d['p99']):>10}  mean {_fmt_ns(d['mean']):>10}"
-                )
-        lines.append(f"  {'stream':>8} {'gaps':>9} {'p10':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'mean':>10} {'neg':>5}")
-        for s in g["streams"]:
-            q = s["gap_ns"]
-            lines.append(
-                f"  {s['stream']:>8} {s['gaps']:>9} {_fmt_ns(q['p10']):>10} {_fmt_ns(q['p50']):>10} "
-                f"{_fmt_ns(q['p90']):>10} {_fmt_ns(q['p99']):>10} {_fmt_ns(q['mean']):>10} {s['negative_gaps']:>5}"
-            )
-    return "\n".join(lines)
+
+def snapshot_graphs(snap: Any) -> list[dict]:
+    """/status's per-graph summary of the snapshot's last window ([] before the first)."""
+    a = getattr(snap, "last_analysis", None)
+    if a is None:
+        return []
+    return graphs_summary(a, snap.last_gap_quantiles)
+
+
+def upload_mode_comparison(snap: Any) -> list[dict]:
+    """Per device and graph family: median gap by upload mode across graphs (last windows)."""
+    by: dict[tuple, dict[str, list[float]]] = {}
+    for (d, graph, _stream, mode), qs in snap.gap_quantiles.items():
+        if len(qs) > 1 and qs[1] == qs[1]:
+            by.setdefault((d, graph_family(graph)), {}).setdefault(mode, []).append(qs[1])
+    out = []
+    for (d, family), modes in sorted(by.items()):
+        if len(modes) < 2:
+            continue
+        med = {m: sorted(v)[len(v) // 2] for m, v in modes.items()}
+        out.append({"device": d, "graph_family": family, "median_gap_ns_by_upload_mode": med})
+    return out

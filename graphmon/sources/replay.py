@@ -8,6 +8,7 @@ so the stream of windows looks like one long, monotonic recording.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -49,6 +50,8 @@ class ReplaySource(Source):
         self._corr_period = int(corr.max()) + 1 if len(corr) else 1
         self._cursor = self._t0
         self._loop_no = 0
+        self._pass_no = 0
+        self._invalid_pass = -1  # the pass whose window carried the file's invalid counts
         self._stop = threading.Event()
         self._captures: "queue.Queue[CaptureRequest]" = queue.Queue(maxsize=16)
         self._thread: Optional[threading.Thread] = None
@@ -87,6 +90,11 @@ class ReplaySource(Source):
         if not self.loop:
             raise StopIteration
         self._loop_no += 1
+        self._pass_no += 1
+        # Each pass shifts times by one recording length; restart the shift before int64 would
+        # overflow (a recording with timestamps near 9e18 ns otherwise stops after two passes).
+        if int(self.trace.end_ns.max()) + (self._loop_no + 1) * self._period_ns > 2**62:
+            self._loop_no = 0
         self._cursor = self._t0
 
     def _shifted(self, idx: np.ndarray) -> Trace:
@@ -95,6 +103,11 @@ class ReplaySource(Source):
         mask = np.zeros(len(t), dtype=bool)
         mask[idx] = True
         w = t.select(mask)
+        # The file's invalid records are counted once per pass (with its first window), not
+        # re-added by every window cut from it.
+        if self._invalid_pass == self._pass_no:
+            w = replace(w, invalid={})
+        self._invalid_pass = self._pass_no
         if self._loop_no == 0:
             return w
         dt = self._loop_no * self._period_ns
@@ -114,6 +127,13 @@ class ReplaySource(Source):
         self._thread.start()
 
     def _run(self, sink: Sink) -> None:
+        try:
+            self._loop(sink)
+        except Exception as e:  # the thread ends: health must say so, not "running"
+            self.set_state("error", f"replay thread died: {e!r}"[:300])
+            logging.getLogger("graphmon").error("graphmon replay thread died", exc_info=True)
+
+    def _loop(self, sink: Sink) -> None:
         next_t = time.monotonic() + self.interval_s
         while not self._stop.is_set():
             try:

@@ -7,9 +7,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from graphmon.export.collector import make_registry, render_text
+from graphmon.export.collector import make_registry
+from graphmon.export.exposition import render_text
 from graphmon.model.trace import GraphInfo
-from graphmon.export.snapshot import Aggregator
+from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import SourceHealth, Window
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
@@ -26,7 +27,7 @@ def golden_text() -> str:
     for i in range(2):
         w = src.next_window()
         agg.ingest(Window(trace=w.trace, started_s=1_800_000_000.0 + i, ended_s=1_800_000_000.5 + i))
-    return generate_latest(make_registry(agg.snapshot)).decode()
+    return generate_latest(make_registry(agg.snapshots)).decode()
 
 
 def test_golden_metrics(regen_golden):
@@ -49,7 +50,7 @@ def _families(text):
 def test_histogram_values_match_snapshot():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace(gap_ns=500, replays=2, kernels_per_stream=3)))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     h = fams["graphmon_kernel_gap_seconds"]
     buckets = {s.labels["le"]: s.value for s in h.samples if s.name.endswith("_bucket")}
     assert buckets["4.48e-07"] == 0 and buckets["5.12e-07"] == 4 and buckets["+Inf"] == 4
@@ -64,7 +65,7 @@ def test_histogram_values_match_snapshot():
 
 def test_down_source_still_renders_health():
     agg = Aggregator(health=lambda: SourceHealth(up=False, state="blocked", reason="another CUPTI subscriber"))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     assert fams["graphmon_up"].samples[0].value == 0
     info = fams["graphmon_collector_info"].samples[0].labels
     assert info["state"] == "blocked" and "CUPTI" in info["reason"]
@@ -73,7 +74,7 @@ def test_down_source_still_renders_health():
 def test_openmetrics_output_parses():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace()))
-    text = generate_openmetrics(make_registry(agg.snapshot)).decode()
+    text = generate_openmetrics(make_registry(agg.snapshots)).decode()
     assert text.rstrip().endswith("# EOF")
     assert "graphmon_kernel_gap_seconds_bucket" in text
 
@@ -81,7 +82,7 @@ def test_openmetrics_output_parses():
 def test_observer_slowdown_exported_when_known():
     agg = Aggregator()
     agg.ingest(window(synthetic_trace(), observer_slowdown=1.125))
-    fams = _families(generate_latest(make_registry(agg.snapshot)).decode())
+    fams = _families(generate_latest(make_registry(agg.snapshots)).decode())
     assert fams["graphmon_observer_slowdown_ratio"].samples[0].value == 1.125
 
 
@@ -90,12 +91,76 @@ def test_render_text_is_byte_identical_to_prometheus_client():
     src = ReplaySource(read_trace(NATIVE), interval_s=0.5, name="golden")
     agg = Aggregator()
     agg.ingest(src.next_window())
-    reg = make_registry(agg.snapshot)
+    reg = make_registry(agg.snapshots)
     assert render_text(reg) == generate_latest(reg)
     t = synthetic_trace(n_streams=3)
     t = t.with_graphs([GraphInfo(key="g1", graph_id=1, label='we"ird\\lab\nel \u00fc', upload_mode="lazy")])
     agg = Aggregator(backend_info={"backend": 'a"b\\c'})
     agg.ingest(window(t, observer_slowdown=1.5))
-    reg = make_registry(agg.snapshot)
+    reg = make_registry(agg.snapshots)
     assert render_text(reg) == generate_latest(reg)
     assert '\\"' in render_text(reg).decode()
+
+
+# ---------------------------------------------------------------- issue 14 items 2, 4, 5, 11
+def _text(snaps, **kw):
+    return generate_latest(make_registry(lambda: snaps, **kw)).decode()
+
+
+def test_known_reasons_and_stages_have_zero_samples_from_the_start():
+    from graphmon.export.collector import INVALID_REASONS, KNOWN_STAGES
+
+    fams = _families(_text(Aggregator().snapshots()))
+    reasons = {s.labels["reason"]: s.value for s in fams["graphmon_records_invalid"].samples}
+    stages = {s.labels["stage"]: s.value for s in fams["graphmon_collector_errors"].samples}
+    assert set(reasons) == set(INVALID_REASONS) and set(reasons.values()) == {0}
+    assert set(stages) >= set(KNOWN_STAGES) and set(stages.values()) == {0}
+
+
+@pytest.mark.parametrize("state", ["starting", "running", "degraded", "blocked", "stopped", "error"])
+def test_collector_state_distinguishes_blocked_from_failing(state):
+    agg = Aggregator(health=lambda: SourceHealth(up=state == "running", state=state, reason="r"))
+    fams = _families(_text(agg.snapshots()))
+    vals = {s.labels["state"]: s.value for s in fams["graphmon_collector_state"].samples}
+    assert vals == {s: float(s == state) for s in vals} and len(vals) == 6
+
+
+def test_build_and_device_info_join_keys():
+    agg = Aggregator(backend_info={"backend": "cupti", "cupti_version": "13.4.92", "cuda_driver_version": "580"},
+                     process={"device": "0", "uuid": "GPU-abc", "pci_bus_id": "00000000:19:00.0", "host": "n1"})
+    agg.ingest(window(synthetic_trace()))
+    fams = _families(_text(agg.snapshots()))
+    (b,) = fams["graphmon_build_info"].samples
+    assert b.labels["cupti_version"] == "13.4.92" and b.labels["cuda_driver_version"] == "580"
+    assert set(b.labels) == {"graphmon_version", "torch_version", "cuda_driver_version", "cuda_runtime_version",
+                             "cupti_version", "engine", "engine_version"}
+    (d,) = fams["graphmon_device_info"].samples
+    assert d.labels == {"rank": "0", "device": "0", "UUID": "GPU-abc", "pci_bus_id": "00000000:19:00.0",
+                        "gpu_name": "", "host": "n1"}
+
+
+def test_one_family_with_samples_from_every_snapshot():
+    a, b = Aggregator(rank="0"), Aggregator(rank="1")
+    for agg in (a, b):
+        agg.ingest(window(synthetic_trace()))
+    text = _text((a.snapshot(), b.snapshot()))
+    assert text.count("# TYPE graphmon_kernel_gap_seconds histogram") == 1
+    ranks = {s.labels["rank"] for s in _families(text)["graphmon_up"].samples}
+    assert ranks == {"0", "1"}
+    assert subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
+                          capture_output=True, text=True).returncode == 0
+
+
+def series_per_graph_stream(cardinality: str, n_graphs=4, n_streams=4) -> float:
+    """Sample lines per (graph, stream) beyond the health families (docs/reliability.md)."""
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(n_graphs=n_graphs, n_streams=n_streams)))
+    base = len([ln for ln in _text(Aggregator().snapshots()).splitlines() if not ln.startswith("#")])
+    lines = [ln for ln in _text(agg.snapshots(), cardinality=cardinality).splitlines() if not ln.startswith("#")]
+    return (len(lines) - base) / (n_graphs * n_streams)
+
+
+def test_low_cardinality_mode_cuts_series_per_graph_and_stream():
+    full, low = series_per_graph_stream("full"), series_per_graph_stream("low")
+    # measured: full 110 + 36 per stream per graph, low 20 + 7 (docs/reliability.md): 63.4 and 11.9 at 4 streams
+    assert full > 60 and low < 12.5, (full, low)

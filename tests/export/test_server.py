@@ -16,6 +16,9 @@ from graphmon.formats.native import read_native
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
 
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+LOCAL = ("127.0.0.1", 50000)  # TestClient as a loopback client (/capture and /trace need loopback or a token)
 from helpers import NATIVE, synthetic_trace, window
 
 
@@ -27,7 +30,7 @@ def real_trace():
 def make(trace, **settings):
     src = ReplaySource(trace, interval_s=0.05, name="test")
     ex = Exporter(src, Settings(**settings))
-    return ex, TestClient(ex.app)
+    return ex, TestClient(ex.app, client=LOCAL)
 
 
 def wait_windows(ex, n, timeout=20):
@@ -166,7 +169,7 @@ class RaisingSource(Source):
 
 def test_source_that_raises_metrics_still_answer_with_up_0():
     ex = Exporter(RaisingSource(), Settings())
-    c = TestClient(ex.app)
+    c = TestClient(ex.app, client=LOCAL)
     ex.start()
     try:
         ex.aggregator.refresh()
@@ -184,7 +187,7 @@ def test_mountable_in_an_existing_app():
     ex.aggregator.ingest(window(synthetic_trace()))
     host = FastAPI()
     host.mount("/graphmon", ex.app)
-    c = TestClient(host)
+    c = TestClient(host, client=LOCAL)
     assert "graphmon_windows_total" in c.get("/graphmon/metrics").text
 
 
@@ -232,16 +235,31 @@ def test_background_server_listens_and_stops():
     assert not ex._server_thread.is_alive()
 
 
-def test_plain_scrape_is_served_from_the_prerendered_body(monkeypatch):
+def test_every_negotiable_format_is_served_from_the_prerendered_body(monkeypatch):
+    """Prometheus's real Accept header (OpenMetrics first) and a plain scrape: both answered from
+    the body rendered when the snapshot was published, none rendered on the request path."""
+    import graphmon.export.exposition as expo
+
     ex, c = make(synthetic_trace())
     ex.aggregator.ingest(window(synthetic_trace()))
-    snap = ex.snapshot()
 
     def no_render(*a, **k):  # a cache miss would render on the request path
         raise AssertionError("scrape rendered instead of using the pre-rendered body")
 
-    monkeypatch.setattr("graphmon.export.server.render_text", no_render)
-    r = c.get("/metrics")
-    assert r.status_code == 200 and "graphmon_kernel_gap_seconds_bucket" in r.text
-    cached = ex.rendered[r.headers["content-type"]]
-    assert cached[0] is snap and cached[1] == r.content
+    monkeypatch.setattr(expo, "render", no_render)
+    for accept, ctype in ((PROMETHEUS_ACCEPT, "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                          ("", "text/plain; version=0.0.4; charset=utf-8")):
+        r = c.get("/metrics", headers={"accept": accept})
+        assert r.status_code == 200 and "graphmon_kernel_gap_seconds_bucket" in r.text
+        assert r.headers["content-type"] == ctype
+
+
+def test_status_is_formatted_outside_the_ingest_lock():
+    """The aggregator formats nothing: /status builds its per-graph summary from the snapshot
+    data, so it answers while an ingest holds the lock (the old ingest built it under the lock)."""
+    ex, c = make(synthetic_trace(n_graphs=2))
+    ex.aggregator.ingest(window(synthetic_trace(n_graphs=2)))
+    with ex.aggregator._lock:
+        doc = c.get("/status").json()
+    assert [g["graph"] for g in doc["graphs"]] == ["graph0", "graph1"]
+    assert doc["graphs"][0]["streams"][0]["gap_ns"]["p50"] == 400.0

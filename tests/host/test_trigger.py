@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from graphmon.report.summary import snapshot_graphs
 from graphmon.host.agent import Agent
 from graphmon.settings import Settings
 
@@ -69,7 +70,7 @@ def test_first_capture_subscribes_and_torch_loads_first(agent):
     assert any(s.records_total > 0 for s in agent.snapshots())
     # the graph was instantiated under the subscription: its upload mode is known
     a = agent.attached()[0]
-    assert {g["upload_mode"] for g in a.aggregator.snapshot().last_window_summary} == {"lazy"}
+    assert {g["upload_mode"] for g in snapshot_graphs(a.aggregator.snapshot())} == {"lazy"}
 
 
 def test_trigger_installed_after_torch_import_still_fires(agent):

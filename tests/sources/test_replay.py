@@ -73,3 +73,62 @@ def test_thread_stops_quickly():
     src.stop(timeout_s=2)
     assert time.monotonic() - t0 < 2 and not src._thread.is_alive()
     assert src.health().state == "stopped"
+
+
+# ---------------------------------------------------------------- issue 18 items 13, 15, 19
+def test_invalid_records_of_the_file_count_once_per_pass():
+    from dataclasses import replace as _replace
+
+    from graphmon.export.aggregator import Aggregator
+    from helpers import synthetic_trace
+
+    t = _replace(synthetic_trace(replays=10), invalid={"duplicate": 3})
+    src = ReplaySource(t, interval_s=1.0, speed=1e-6)  # about one replay per window
+    agg = Aggregator()
+    n = 0
+    while src._pass_no < 3:
+        agg.ingest(src.next_window())
+        n += 1
+    assert n > 25  # many windows per pass
+    passes = src._pass_no + 1  # the loop ends with the first window of the fourth pass
+    assert agg.snapshot().records_invalid_total["duplicate"] == 3 * passes == 12  # old code: 3 per window
+
+
+def test_timestamps_near_int64_max_do_not_stop_the_replay():
+    from graphmon.export.aggregator import Aggregator
+    from graphmon.model.trace import Trace
+    from helpers import synthetic_trace
+
+    # one replay at the usual times and one at 9e18 ns: the recording spans ~9e18 ns, so the old
+    # per-pass shift (pass x span) left int64 on the second pass
+    a, b = synthetic_trace(replays=1), synthetic_trace(replays=1, base_ns=9 * 10**18)
+    cols = {c: np.concatenate([getattr(a, c), getattr(b, c)]) for c in ("start_ns", "end_ns", "stream", "graph_id")}
+    t = Trace.build(**cols, correlation_id=np.r_[a.correlation_id, b.correlation_id + 1], graphs=a.graphs)
+    src = ReplaySource(t, interval_s=1.0, speed=1.0)
+    agg = Aggregator()
+    for _ in range(8):  # four passes
+        agg.ingest(src.next_window())
+    s = agg.snapshot()
+    assert s.windows_total == 8 and "analysis" not in s.errors_total
+    assert s.records_total == 8 * len(a)
+
+
+def test_a_dead_replay_thread_shows_in_health():
+    import time as _time
+
+    from graphmon.export.exporter import Exporter
+    from graphmon.settings import Settings
+    from helpers import synthetic_trace
+
+    src = ReplaySource(synthetic_trace(), interval_s=1e300)  # Queue.get(timeout=1e300) raises OverflowError
+    ex = Exporter(src, Settings())
+    ex.start()
+    try:
+        deadline = _time.monotonic() + 5
+        while ex.snapshot().health.state != "error" and _time.monotonic() < deadline:
+            ex.aggregator.refresh()
+            _time.sleep(0.05)
+        h = ex.snapshot().health
+        assert h.state == "error" and not h.up and "died" in h.reason  # old code: running, up
+    finally:
+        ex.stop()

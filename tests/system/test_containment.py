@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-import graphmon.export.snapshot as snapshot_mod
+import graphmon.export.aggregator as snapshot_mod
 from graphmon.export.exporter import Exporter
 from graphmon.sources.cupti.registry import GraphRegistry
 from graphmon.export.collector import SnapshotCollector
 from graphmon.settings import CuptiSettings, Settings
-from graphmon.export.snapshot import Aggregator
+from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import Window
 from graphmon.sources.base import Source
 from graphmon.sources.cupti.api import RawBuffer
@@ -30,6 +30,7 @@ from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.replay import ReplaySource
 
 from fake_cupti import FakeCupti, FakeEvents, decode_like  # noqa: E402
+LOCAL = ("127.0.0.1", 50000)  # TestClient as a loopback client (/capture and /trace need loopback or a token)
 from helpers import synthetic_trace, window  # noqa: E402
 
 TIMEOUT_S = 30.0  # generous: the 2 CI cores are shared with other test processes
@@ -116,7 +117,7 @@ def replay_exporter():
         src = ReplaySource(synthetic_trace(n_graphs=2, n_streams=2, replays=40), interval_s=0.02, name="test", **kw)
         ex = Exporter(src, Settings())
         made.append(ex)
-        return ex, TestClient(ex.app)
+        return ex, TestClient(ex.app, client=LOCAL)
 
     yield make
     for ex in made:
@@ -185,7 +186,7 @@ def test_scrape_rendering_failure_still_answers_200_with_health_and_error_count(
         yield  # pragma: no cover
 
     monkeypatch.setattr(SnapshotCollector, "collect", broken_collect)
-    ex.rendered.clear()  # drop the body pre-rendered before the fault, so scrapes must render
+    ex.app.state.renderer._cache.clear()  # drop the body pre-rendered before the fault, so scrapes must render
     for i in range(1, 4):
         r = c.get("/metrics")
         assert r.status_code == 200
@@ -280,7 +281,7 @@ def test_malformed_windows_from_a_source_are_counted_and_good_ones_ingested():
     seq = [good[0], *bad[:3], good[1], *bad[3:], good[2], good[3]]
     src = MalformedSource(seq)
     ex = Exporter(src, Settings())
-    c = TestClient(ex.app)
+    c = TestClient(ex.app, client=LOCAL)
     with HostLoop() as host:
         ex.start()
         src.thread.join(TIMEOUT_S)
@@ -391,7 +392,7 @@ def cupti_exporter():
                           registry=GraphRegistry())
         ex = Exporter(src, Settings())
         made.append(ex)
-        return fake, src, ex, TestClient(ex.app)
+        return fake, src, ex, TestClient(ex.app, client=LOCAL)
 
     yield make
     for ex in made:

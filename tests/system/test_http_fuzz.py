@@ -28,7 +28,7 @@ def _exporter() -> Exporter:
     # Small captures so that POST /capture (wait_s up to 30) is answered quickly: the replay
     # source cuts a window as soon as it is asked.
     src = ReplaySource(synthetic_trace(n_graphs=2, n_streams=2, replays=30), interval_s=0.5, name="fuzz")
-    ex = Exporter(src, Settings(max_capture_replays=50, max_capture_ms=50.0))
+    ex = Exporter(src, Settings(max_capture_replays=50, max_capture_ms=50.0, token="fuzz-token"))
     for i in range(3):  # ids w1..w3 exist, so /trace/{id} reaches the rendering code too
         ex.aggregator.ingest(window(synthetic_trace(base_ns=10**9 * (i + 1))))
     return ex  # started by the module fixture: no thread of it runs while other modules' tests do
@@ -60,7 +60,7 @@ def _run_exporter():
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_no_operation_answers_5xx(case):
-    response = case.call()
+    response = case.call(headers={"Authorization": "Bearer fuzz-token"})  # past auth, into the handlers
     SEEN.setdefault(case.operation.label, set()).add(response.status_code)
     case.validate_response(response, checks=[not_a_server_error])
 
@@ -72,5 +72,5 @@ def test_fuzzing_reached_the_handlers():
         pytest.skip("run together with test_no_operation_answers_5xx")
     assert {op for op, codes in SEEN.items() if not any(200 <= c < 300 for c in codes)} == set(), SEEN
     assert {op for op, codes in SEEN.items() if any(400 <= c < 500 for c in codes)}  # and 4xx were provoked
-    errors = EXPORTER.snapshot().errors_total
+    errors = {**EXPORTER.snapshot().errors_total, **EXPORTER.app.state.errors.snapshot()}
     assert "http" not in errors and "scrape" not in errors

@@ -16,11 +16,12 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import graphmon.export.server as server_mod
+import graphmon.export.tracebodies as tracebodies_mod
 from graphmon.export.exporter import Exporter
 from graphmon.settings import Settings
 from graphmon.sources.replay import ReplaySource
 
+LOCAL = ("127.0.0.1", 50000)  # TestClient as a loopback client (/capture and /trace need loopback or a token)
 from helpers import synthetic_trace, window  # noqa: E402
 
 TOKEN = "tok-9f2c1d7e-very-secret"
@@ -29,7 +30,7 @@ TOKEN = "tok-9f2c1d7e-very-secret"
 def make(**kw):
     ex = Exporter(ReplaySource(synthetic_trace(), interval_s=0.05), Settings(**kw))
     ex.aggregator.ingest(window(synthetic_trace()))  # "w1" exists
-    return ex, TestClient(ex.app)
+    return ex, TestClient(ex.app, client=LOCAL)
 
 
 def test_default_server_binds_loopback_only():
@@ -168,14 +169,14 @@ def test_trace_json_of_a_huge_window_is_capped():
     ex, c = make()
     n_kernels = 4 * 150 * 250  # 150k kernels: above the cap
     big = synthetic_trace(n_graphs=1, n_streams=4, replays=250, kernels_per_stream=150, base_ns=10**12)
-    assert len(big) == n_kernels > server_mod.MAX_TRACE_EVENTS
+    assert len(big) == n_kernels > tracebodies_mod.MAX_TRACE_EVENTS
     wid = ex.aggregator.ingest(window(big, capture_id="big"))
     assert wid == "big"
     r = c.get("/trace/big")
     assert r.status_code == 200
     doc = r.json()
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == server_mod.MAX_TRACE_EVENTS
+    assert len(slices) == tracebodies_mod.MAX_TRACE_EVENTS
     assert doc["otherData"]["truncated"] is True and doc["otherData"]["kernels"] == n_kernels
     assert len(r.content) < 32 * 2**20  # the bound docs/reliability.md states
     full = c.get("/trace/big?format=graphmon")  # the whole window stays downloadable, natively
@@ -188,7 +189,7 @@ def test_token_never_appears_in_responses_repr_or_logs(caplog, monkeypatch):
     s = Settings()
     assert s.token == TOKEN and TOKEN not in repr(s) and TOKEN not in str(s)
     ex = Exporter(ReplaySource(synthetic_trace(), interval_s=0.05), s)
-    c = TestClient(ex.app)
+    c = TestClient(ex.app, client=LOCAL)
     ex.start()
     try:
         bodies = [c.get(p).text for p in ("/metrics", "/status", "/graphs", "/healthz", "/openapi.json", "/docs")]

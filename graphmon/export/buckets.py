@@ -1,0 +1,45 @@
+"""Histogram bucket bounds (ns) and the per-group bucket count: what a histogram series looks like."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphmon.analysis.replays import QUANTILES
+
+# Histogram upper bounds in ns. Gaps: from the 32 ns GPU timer tick to 10 ms, dense in 0.1-2 µs so
+# that a 0.19 µs -> 0.51 µs median shift moves counts across several buckets.
+GAP_BUCKETS_NS = (
+    32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+    1_000, 1_250, 1_500, 2_000, 3_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000, 10_000_000,
+)
+# Replay GPU time / busy: 10 µs .. 1 s, dense around decode step times (0.5-5 ms).
+REPLAY_BUCKETS_NS = (
+    10_000, 50_000, 100_000, 250_000, 500_000, 750_000, 1_000_000, 1_250_000, 1_500_000, 1_750_000,
+    2_000_000, 2_500_000, 3_000_000, 4_000_000, 5_000_000, 7_500_000, 10_000_000, 25_000_000,
+    50_000_000, 100_000_000, 1_000_000_000,
+)
+# Idle per replay, launch latency, inter-replay gap: 1 µs .. 100 ms.
+IDLE_BUCKETS_NS = (
+    1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 150_000, 200_000, 250_000, 300_000, 400_000,
+    500_000, 750_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 100_000_000,
+)
+REPLAY_KINDS = {  # metric kind -> (Replays field, buckets)
+    "gpu": ("span_ns", REPLAY_BUCKETS_NS),
+    "busy": ("busy_ns", REPLAY_BUCKETS_NS),
+    "idle": ("idle_ns", IDLE_BUCKETS_NS),
+    "launch_latency": ("launch_latency_ns", IDLE_BUCKETS_NS),
+    "inter_replay_gap": ("inter_replay_gap_ns", IDLE_BUCKETS_NS),
+}
+GAP_QUANTILES = QUANTILES  # the same four as the analyze/status summary: one pass serves both
+REPLAY_QUANTILES = (0.5, 0.9, 0.99)
+# Values beyond this are not times a GPU produced (a gap or replay of more than 1,000 s inside one
+# sampling window): they are excluded from histograms and counted, so sums cannot overflow int64
+# (a window would need 9.2 million such values) and one bad timestamp cannot skew a mean.
+MAX_VALUE_NS = 1_000 * 10**9
+
+
+def bucket_counts(values: np.ndarray, group: np.ndarray, ngroups: int, bounds_ns) -> np.ndarray:
+    """Per-group bucket counts (ngroups x (len(bounds)+1)); bucket i holds v <= bounds[i]."""
+    nb = len(bounds_ns) + 1
+    idx = np.searchsorted(np.asarray(bounds_ns, dtype=np.int64), values, side="left")
+    return np.bincount(group * nb + idx, minlength=ngroups * nb).reshape(ngroups, nb)

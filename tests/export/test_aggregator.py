@@ -1,0 +1,241 @@
+import threading
+
+import numpy as np
+
+from graphmon.export.aggregator import Aggregator
+from graphmon.model.window import SourceHealth
+from graphmon.formats.read import read_trace
+
+from helpers import NATIVE, synthetic_trace, window
+
+
+def test_cumulative_across_windows_and_last_window_quantiles():
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(gap_ns=200)))
+    agg.ingest(window(synthetic_trace(gap_ns=500, base_ns=10**8)))
+    s = agg.snapshot()
+    (key,) = s.gap_hist
+    h = s.gap_hist[key]
+    assert h.count == 2 * 3 * 3  # 2 windows x 3 replays x (4 kernels - 1)
+    assert h.sum_ns == 9 * 200 + 9 * 500
+    assert s.gap_quantiles[key] == (500.0, 500.0, 500.0, 500.0)  # the last window only
+    assert s.windows_total == 2 and s.records_total == 24
+    rk = (key[0], key[1], key[3])
+    assert s.replays_total[rk] == 6
+    assert s.kernels_per_replay[rk] == 4
+    assert s.replay_hist[rk]["gpu"].count == 6
+
+
+def test_graph_and_stream_caps_fold_into_other_and_count():
+    agg = Aggregator(max_graphs=2, max_streams=3)
+    agg.ingest(window(synthetic_trace(n_graphs=5, n_streams=6)))
+    s = agg.snapshot()
+    graphs = {k[1] for k in s.gap_hist}
+    assert graphs == {"graph0", "graph1", "other"}
+    streams_g0 = {k[2] for k in s.gap_hist if k[1] == "graph0"}
+    assert streams_g0 == {"0", "1", "2", "other"}
+    # folded: 3 graphs + (3 extra streams for each of graph0, graph1, other)
+    assert s.series_folded_total == 3 + 3 * 3
+    # nothing is lost: total gap count equals the unfolded total
+    assert sum(h.count for h in s.gap_hist.values()) == 5 * 6 * 3 * 3
+
+
+def test_ten_thousand_streams_are_capped():
+    agg = Aggregator(max_streams=16)
+    agg.ingest(window(synthetic_trace(n_streams=10_000, replays=1, kernels_per_stream=2)))
+    s = agg.snapshot()
+    assert len(s.gap_hist) == 17
+    assert s.series_folded_total == 10_000 - 16
+    assert sum(h.count for h in s.gap_hist.values()) == 10_000
+
+
+def test_a_failing_window_is_counted_and_the_next_proceeds():
+    agg = Aggregator()
+
+    class Boom:
+        def __getattr__(self, name):
+            raise RuntimeError("broken trace")
+
+    assert agg.ingest(window(synthetic_trace())) is not None
+    assert agg.ingest(window(Boom())) is None
+    assert agg.ingest(window(synthetic_trace(base_ns=10**8))) is not None
+    s = agg.snapshot()
+    assert s.errors_total["analysis"] == 1
+    assert s.windows_total == 2
+
+
+def test_health_and_errors_come_from_the_source():
+    agg = Aggregator(health=lambda: SourceHealth(up=False, state="blocked", reason="profiler", errors={"callback": 3}))
+    s = agg.snapshot()
+    assert not s.up and s.health.reason == "profiler"
+    assert s.errors_total["callback"] == 3
+
+
+def test_real_trace_upload_modes_and_medians():
+    t = read_trace(NATIVE)
+    agg = Aggregator()
+    agg.ingest(window(t))
+    s = agg.snapshot()
+    modes = {(k[1], k[3]) for k in s.gap_hist}
+    assert ("decode_bs1/upload", "uploaded") in modes and ("decode_bs1/no_upload", "lazy") in modes
+    # main stream 7 median gap in the decode graphs from the raw columns, independently
+    for (d, graph, stream, mode), q in s.gap_quantiles.items():
+        if graph.startswith("decode") and stream == "7":
+            assert 300 <= q[1] <= 500
+
+
+def test_scrape_never_waits_for_ingest():
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace()))
+    got = []
+    with agg._lock:  # an ingest in progress holds this lock
+        th = threading.Thread(target=lambda: got.append(agg.snapshot()))
+        th.start()
+        th.join(1.0)
+    assert got, "snapshot() blocked on the ingest lock"
+
+
+def test_backend_info_learned_after_start_reaches_the_snapshot():
+    # the CUPTI source knows which libcupti it loaded only once it runs
+    info = {"backend": "cupti"}
+    agg = Aggregator(backend_info=lambda: info)
+    assert agg.snapshot().backend_info == {"backend": "cupti"}
+    info = {"backend": "cupti", "cupti_lib_version": "13.4.92"}
+    agg.refresh()
+    assert agg.snapshot().backend_info["cupti_lib_version"] == "13.4.92"
+
+
+def test_refresh_if_changed_rebuilds_only_on_change():
+    state = {"s": "running", "errors": {}}
+    agg = Aggregator(health=lambda: SourceHealth(up=state["s"] == "running", state=state["s"], errors=dict(state["errors"])))
+    agg.refresh()
+    first = agg.snapshot()
+    assert agg.refresh_if_changed() is False and agg.snapshot() is first  # nothing changed: no rebuild
+    state["s"] = "blocked"
+    assert agg.refresh_if_changed() is True and agg.snapshot().health.state == "blocked"
+    assert agg.refresh_if_changed() is False
+    state["errors"] = {"callback": 1}  # a source error counted between windows
+    assert agg.refresh_if_changed() is True and agg.snapshot().errors_total == {"callback": 1}
+    agg.count_error("http", RuntimeError("x"))  # the aggregator's own count (e.g. a failed request)
+    assert agg.refresh_if_changed() is True and agg.snapshot().errors_total["http"] == 1
+    agg.ingest(window(synthetic_trace()))  # a window publishes what it saw: no extra rebuild after
+    assert agg.refresh_if_changed() is False
+
+
+# ---------------------------------------------------------------- issue 18 items 11-15, issue 14 items 3-4
+def _concat(*traces):
+    from graphmon.model.trace import Trace
+
+    cols = ("start_ns", "end_ns", "stream", "correlation_id", "graph_id", "device")
+    a = {c: np.concatenate([getattr(t, c) for t in traces]) for c in cols}
+    graphs = {g.graph_id: g for t in traces for g in t.graphs}
+    return Trace.build(**a, graphs=list(graphs.values()))
+
+
+def test_negative_gaps_stay_out_of_the_histogram_and_sum_never_decreases():
+    agg = Aggregator()
+    sums = []
+    for i, gap in enumerate((400, -300, -300, 200)):  # overlaps (PDL) in two windows
+        agg.ingest(window(synthetic_trace(gap_ns=gap, base_ns=10**9 * (i + 1))))
+        h = next(iter(agg.snapshot().gap_hist.values()))
+        sums.append(h.sum_ns)
+        assert h.count == sum(h.counts)
+    assert sums == sorted(sums) and sums[0] > 0  # old code: the sum went negative and decreased
+    assert next(iter(agg.snapshot().gap_negative_total.values())) == 2 * 3 * 3  # counted apart
+
+
+def test_long_label_values_are_cut_distinct_and_counted():
+    from dataclasses import replace
+
+    t = synthetic_trace(n_graphs=2)
+    long = "x" * 300_000
+    t = replace(t, graphs=tuple(replace(g, label=long + str(i)) for i, g in enumerate(t.graphs)))
+    agg = Aggregator(max_label_length=64)
+    agg.ingest(window(t))
+    s = agg.snapshot()
+    labels = {g.label for g in s.graphs.values()}
+    assert len(labels) == 2 and all(len(v) <= 64 for v in labels)  # distinct after the cut
+    assert s.label_values_truncated_total == 4  # graph name and label of both graphs, once each
+    agg.ingest(window(t, ended_s=1_800_000_001.0))
+    assert agg.snapshot().label_values_truncated_total == 4
+
+
+def test_devices_are_capped_and_folded_devices_counted():
+    agg = Aggregator(max_graphs=2, max_streams=2, max_devices=3)
+    agg.ingest(window(_concat(*[synthetic_trace(device=d, base_ns=10**6 * (d + 1)) for d in range(10)])))
+    s = agg.snapshot()
+    assert {k[0] for k in s.gap_hist} == {"0", "1", "2", "other"}
+    assert s.series_folded_total == 7  # old code: 0 folded, one series set per device
+
+
+def test_timestamps_beyond_the_horizon_are_excluded_and_counted_no_overflow():
+    from graphmon.export.buckets import MAX_VALUE_NS
+
+    huge = 6 * 10**18
+    t = synthetic_trace(kernels_per_stream=3, replays=1, gap_ns=400)
+    start, end = t.start_ns.copy(), t.end_ns.copy()
+    start[1:] += np.array([huge // 2, huge])  # two gaps of ~3e18 ns
+    end[1:] += np.array([huge // 2, huge])
+    from graphmon.model.trace import Trace
+
+    t = Trace.build(start_ns=start, end_ns=end, stream=t.stream, correlation_id=t.correlation_id,
+                    graph_id=t.graph_id, graphs=t.graphs)
+    agg = Aggregator()
+    agg.ingest(window(t))
+    s = agg.snapshot()
+    h = next(iter(s.gap_hist.values()))
+    assert h.count == 0 and h.sum_ns == 0  # old code: negative sum, negative mean
+    assert s.values_out_of_range_total["gap"] == 2
+    assert all(0 <= hh.sum_ns for kinds in s.replay_hist.values() for hh in kinds.values())
+    assert MAX_VALUE_NS < 2**63 // 10**6  # a window of a million values at the horizon cannot overflow
+
+
+def test_folded_identity_memory_is_bounded(monkeypatch):
+    import graphmon.export.aggregator as mod
+
+    monkeypatch.setattr(mod, "FOLDED_MEMORY", 8)
+    agg = Aggregator(max_graphs=1)
+    for i in range(40):
+        tr = synthetic_trace(base_ns=10**6 * (i + 1))
+        from dataclasses import replace
+
+        tr = replace(tr, graphs=tuple(replace(g, key=f"k{i}", label=f"l{i}") for g in tr.graphs))
+        agg.ingest(window(tr))
+    assert len(agg._folded) <= 8
+    assert agg.snapshot().series_folded_total == 39
+
+
+def test_stale_graphs_expire_and_last_sampled_is_exported():
+    import time as _time
+
+    agg = Aggregator(stale_after_s=30)
+    now = _time.time()
+    agg.ingest(window(synthetic_trace(n_graphs=1), ended_s=now - 60))  # sampled a minute ago
+    assert agg.snapshot().graphs == {}  # expired at once: older than stale_after_s
+    agg.ingest(window(synthetic_trace(n_graphs=1), ended_s=now))
+    s = agg.snapshot()
+    assert list(s.graph_last_sampled_s.values()) == [now] and len(s.gap_hist) == 1
+    agg.stale_after_s = 1e-3
+    _time.sleep(0.01)
+    assert agg.refresh_if_changed()  # a stale series is a change
+    s = agg.snapshot()
+    assert not s.gap_hist and not s.replay_hist and not s.graphs and not s.graph_last_sampled_s
+
+
+def test_batch_size_reaches_the_graph_series():
+    from dataclasses import replace
+
+    t = synthetic_trace()
+    t = replace(t, graphs=tuple(replace(g, batch_size=8) for g in t.graphs))
+    agg = Aggregator()
+    agg.ingest(window(t))
+    assert [g.batch_size for g in agg.snapshot().graphs.values()] == ["8"]
+
+
+def test_negative_invalid_counts_are_refused_not_subtracted():
+    from dataclasses import replace
+
+    agg = Aggregator()
+    agg.ingest(window(replace(synthetic_trace(), invalid={"duplicate": -13000})))
+    s = agg.snapshot()
+    assert s.records_invalid_total.get("duplicate", 0) == 0 and s.errors_total["analysis"] == 1

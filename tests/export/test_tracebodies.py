@@ -1,0 +1,67 @@
+"""/trace bodies: one render per (window, format), shared; renders at most a quarter of a core (issue 18: 1, 6)."""
+
+import asyncio
+import time
+
+import pytest
+from fastapi import HTTPException
+
+import graphmon.export.tracebodies as tb
+
+from helpers import synthetic_trace
+
+
+def test_concurrent_downloads_of_one_window_share_one_render(monkeypatch):
+    calls = []
+
+    def slow_render(t, fmt):
+        calls.append(fmt)
+        time.sleep(0.05)
+        return b"x" * 1000
+
+    monkeypatch.setattr(tb, "render_trace", slow_render)
+    bodies = tb.TraceBodies(lambda i: synthetic_trace() if i == "w1" else None, 10**6, 100)
+
+    async def main():
+        return await asyncio.gather(*[bodies._body("w1", "chrome") for _ in range(20)])
+
+    out = asyncio.run(main())
+    assert len(calls) == 1 and all(o is out[0] for o in out)  # one body object shared by all
+
+
+def test_renders_keep_to_a_quarter_of_a_core(monkeypatch):
+    spans = []
+
+    def render(t, fmt):
+        t0 = time.monotonic()
+        time.sleep(0.1)
+        spans.append((t0, time.monotonic()))
+        return b"y" * 10
+
+    monkeypatch.setattr(tb, "render_trace", render)
+    monkeypatch.setattr(tb, "RENDER_BURST_S", 0.0)
+    bodies = tb.TraceBodies(lambda i: synthetic_trace(), 0, 100)  # no cache: every request renders
+
+    async def main():
+        for i in range(4):
+            await bodies._body(f"w{i}", "chrome")
+
+    asyncio.run(main())
+    for (a0, a1), (b0, _) in zip(spans, spans[1:]):  # old code: back to back (duty 1.0)
+        assert (a1 - a0) / (b0 - a0) <= tb.RENDER_DUTY * 1.1
+
+
+def test_over_budget_is_429_not_a_queue(monkeypatch):
+    monkeypatch.setattr(tb, "MAX_RENDER_WAIT_S", 0.0)
+    monkeypatch.setattr(tb, "RENDER_BURST_S", 0.0)
+    monkeypatch.setattr(tb, "render_trace", lambda t, fmt: (time.sleep(0.05), b"z")[1])
+    bodies = tb.TraceBodies(lambda i: synthetic_trace(), 0, 100)
+
+    async def main():
+        await bodies._body("a", "chrome")
+        with pytest.raises(HTTPException) as e:
+            await bodies._body("b", "chrome")
+        return e.value
+
+    err = asyncio.run(main())
+    assert err.status_code == 429 and "Retry-After" in err.headers
