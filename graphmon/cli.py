@@ -130,12 +130,11 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         arms, meta = load_raw(args.source_dir)
         out = args.out or args.source_dir
     else:
-        try:
-            import torch
-        except ImportError:
-            raise CliError("graphmon ab needs torch with CUDA (or --from DIR to redo a report)") from None
-        if not torch.cuda.is_available():
-            raise CliError("graphmon ab needs a CUDA GPU (or --from DIR to redo a report)")
+        from graphmon.gpu.ab_runner import cuda_problem
+
+        problem = cuda_problem()
+        if problem:
+            raise CliError(f"graphmon ab needs {problem} (or --from DIR to redo a report)")
         if args.instances < 2:
             raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
         from graphmon.gpu import ab_runner

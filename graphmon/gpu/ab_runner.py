@@ -17,6 +17,15 @@ from graphmon.analysis.ab import INSTANCE_SEP, ArmData, offset_correlation, spli
 from graphmon.model.trace import TraceError, concat
 
 
+def cuda_problem() -> str:
+    """'' when torch with a CUDA GPU is here; else what is missing (for one CLI error line)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch with CUDA"
+    return "" if torch.cuda.is_available() else "a CUDA GPU"
+
+
 def run_ab(arms: Mapping[str, Callable[[], Callable[[], object]]], *, instances: int = 8, rounds: int = 12,
            replays_per_block: int = 20, windows: int = 3, window_replays: int = 3, warmup: int = 5, seed: int = 0,
            progress: Callable[[str], None] | None = None) -> list[ArmData]:

@@ -103,7 +103,7 @@ class AgentStartError(RuntimeError):
 
 def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True):
     """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot."""
-    from graphmon.host.agent import Agent
+    from graphmon.export.agent import Agent
     from graphmon.settings import Settings
 
     try:
@@ -112,7 +112,7 @@ def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional
         raise AgentStartError(f"agent socket {socket_path or ''}: {e.strerror or e}") from None
     if not serve:
         return agent, None, None
-    from graphmon.host.agent_http import serve_background
+    from graphmon.export.agent_http import serve_background
 
     try:
         server, _, port = serve_background(agent, agent.settings.host, agent.settings.port)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from graphmon.host.agent import Agent
+from graphmon.export.agent import Agent
 from graphmon.host.link import LightCollector, Link, identity
 from graphmon.model.wire import encode_message, encode_window
 from graphmon.settings import Settings

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from graphmon.report.summary import snapshot_graphs
-from graphmon.host.agent import Agent
+from graphmon.export.agent import Agent
 from graphmon.settings import Settings
 
 TESTS = Path(__file__).resolve().parents[1]

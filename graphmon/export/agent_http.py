@@ -13,7 +13,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from graphmon.host.agent import EMPTY_REASONS, Agent
+from graphmon.export.agent import EMPTY_REASONS, Agent
 
 PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
 DEVICE_INFO_LABELS = ["rank", "device", "UUID", "pci_bus_id", "gpu_name", "host"]

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from graphmon.host.agent import Agent
-from graphmon.host.agent_http import render_metrics, serve_background
+from graphmon.export.agent import Agent
+from graphmon.export.agent_http import render_metrics, serve_background
 from graphmon.host.launch import HookDir
 from graphmon.model.trace import Trace
 from graphmon.model.window import Window

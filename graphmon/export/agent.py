@@ -63,7 +63,7 @@ class Attached:
 
 
 class Agent:
-    """Listener + per-process aggregators + health. HTTP is added by :func:`graphmon.host.agent_http.serve`."""
+    """Listener + per-process aggregators + health. HTTP is added by :func:`graphmon.export.agent_http.serve`."""
 
     def __init__(self, settings: Optional[Settings] = None, *, socket_path: Optional[str] = None,
                  recorder_factory: Optional[Callable[[dict], Callable[[Window], None]]] = None,
