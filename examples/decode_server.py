@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default="1,2", help="one graph per batch size and mode")
     ap.add_argument("--modes", default="uploaded,lazy,instantiate_upload")
     ap.add_argument("--attach", action="store_true", help="call graphmon.attach() from code")
-    ap.add_argument("--port", type=int, default=9464)
+    ap.add_argument("--port", type=int, default=9479)
     ap.add_argument("--sync-every", type=int, default=8,
                     help="synchronize every N steps (a step replays each graph once); larger = the CPU runs further ahead")
     args = ap.parse_args(argv)
