@@ -6,7 +6,9 @@ Run on a CUDA machine with torch, transformers and cupti-python (graphmon import
     python bench/host_impact.py --out DIR --quick    # < 90 s
 
 Workloads, each in >= 3 interleaved off/on rounds in ONE process (graphmon attached in code at
-its default sampling during "on", detached during "off"):
+its default sampling during "on", detached during "off"), in two modes side by side: "agent" (a
+light collector that ships windows to a `graphmon agent` process: the production path) and
+"inprocess" (graphmon.attach() with no agent: analysis, snapshots and HTTP in the process):
   - hf_static_bs1 / hf_static_bs4: Hugging Face transformers decode of a random-weight Llama
     config, exactly as a user calls it: ``generate(ids, max_new_tokens=N,
     cache_implementation="static", do_sample=False)`` per request; transformers itself compiles
@@ -190,7 +192,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         off, _ = phase(run_once, seconds)
         t_off1 = time.time()
         t_att = time.perf_counter()
-        ex = graphmon.attach(port=0)  # default sampling, in code, with its HTTP thread
+        # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
+        # a light collector that ships windows to the agent process; else the whole exporter here
+        ex = graphmon.attach(port=0)
         src = attached().source if attached() is not None else None
         got: list = []
         if src is not None:
@@ -269,6 +273,19 @@ def versions() -> dict:
     return v
 
 
+def start_agent():
+    """A `graphmon agent` process on a private socket (what `graphmon run` or a sidecar runs)."""
+    import subprocess
+    import tempfile
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="host-impact-"), "agent", "agent.sock")
+    p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", sock],
+                         stderr=subprocess.PIPE, text=True)
+    p.stderr.readline()  # "serving ... GRAPHMON_AGENT=..." once it listens
+    threading.Thread(target=p.stderr.read, daemon=True).start()  # never let its log pipe fill
+    return p, sock
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -276,6 +293,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, help="seconds per phase (default 8, quick 3)")
     ap.add_argument("--only", default="", help="comma list of workloads to run")
+    ap.add_argument("--modes", default="agent,inprocess",
+                    help="agent: light collector + a `graphmon agent` process (production); inprocess: the whole "
+                         "exporter in this process (graphmon.attach() without an agent)")
     a = ap.parse_args()
     seconds = a.seconds or (3.0 if a.quick else 8.0)
     R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds}
@@ -290,15 +310,24 @@ def main() -> int:
         "decode_server": lambda: decode_server_workload(16 if a.quick else 48, 200),
     }
     only = {x for x in a.only.split(",") if x}
+    modes = [m for m in a.modes.split(",") if m]
+    agent = start_agent() if "agent" in modes else None
     for name, make in makers.items():
         if only and name not in only:
             continue
         t0 = time.monotonic()
         try:
             run_once, meta = make()
-            res = measure(name, run_once, max(3, a.rounds), seconds, ticker)
-            res.update(meta)
-            R["workloads"][name] = res
+            for mode in modes:  # side by side on the same workload object, one after the other
+                if mode == "agent":
+                    os.environ["GRAPHMON_AGENT"] = agent[1]
+                else:
+                    os.environ.pop("GRAPHMON_AGENT", None)
+                res = measure(name, run_once, max(3, a.rounds), seconds, ticker)
+                res.update(meta, mode=mode)
+                R["workloads"][name if mode == modes[0] else f"{name}@{mode}"] = res
+                save(a.out)
+            os.environ.pop("GRAPHMON_AGENT", None)
         except Exception as e:
             R["errors"][name] = {"error": repr(e), "traceback": traceback.format_exc()[-4000:]}
             try:
@@ -311,6 +340,8 @@ def main() -> int:
         save(a.out)
         print(f"host_impact: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     ticker.stop.set()
+    if agent is not None:
+        agent[0].terminate()
     w = R["workloads"]
     R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "p999_step_ratio", "median_overhead_pct",
                                               "ci95_high_pct", "gil_hold_max_ms_per_window", "ingest_records_per_s")}
