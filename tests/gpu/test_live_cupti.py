@@ -65,7 +65,7 @@ def _diag(src, w=None) -> str:
     _wait(lambda: len(src.phase_log) >= src.stats["windows"], 2)  # phase_log is appended after the taps
     g = src._gate
     out.update(errors=dict(src.health().errors), stats=dict(src.stats), gate=dict(
-        on=g.on, in_flight=g.in_flight, deferred=g.deferred, reenabled=g.reenabled, repeated_corr=g.repeated_corr),
+        enabled=g.enabled, on=g.on, in_flight=g.in_flight, deferred=g.deferred, reenabled=g.reenabled, repeated_corr=g.repeated_corr),
         phases=src.phase_log[-1] if src.phase_log else None, pool_free=src.api.free_buffers())
     return repr(out)
 
@@ -179,6 +179,7 @@ def test_profiler_works_after_detach(setup):
     # the count tells whether any of ours was still with CUPTI when Kineto registered its own
     pool = src.api.pool
     diag = f"pool buffers back {len(pool.free)}/{len(pool._arrays)} {_diag(src)}"
+    print("graphmon-gate", os.environ.get("GRAPHMON_LAUNCH_GATE", "default"), diag)  # shown by pytest -rA
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             graphs["uploaded"].replay()

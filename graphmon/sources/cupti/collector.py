@@ -61,7 +61,7 @@ class CuptiSource(Source):
         self._wake = threading.Event()
         self._captures: deque[CaptureRequest] = deque(maxlen=16)
         self._subscribed = False
-        self._gate = LaunchGate()  # the launch callbacks, never switched off inside a launch
+        self._gate = LaunchGate(enabled=s.launch_gate)  # the launch callbacks, never off inside a launch
         self._collector_logged_s = -1e9
         self._timer: Optional[EventTimer] = None
 

@@ -98,7 +98,8 @@ class LaunchGate:
     ``off`` switches the callbacks back on, so that its exit is delivered.
     """
 
-    def __init__(self, max_defer_s: float = 1.0) -> None:
+    def __init__(self, max_defer_s: float = 1.0, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: switch at once, as before (A/B diagnostics)
         self._lock = threading.Lock()  # held for a few integer updates and one CUPTI enable call
         self.max_defer_s = max_defer_s  # an exit that never comes (a host thread killed) cannot pin them on
         self._defer_since = 0.0
@@ -114,7 +115,7 @@ class LaunchGate:
         with self._lock:
             if on == self.on:
                 return True
-            if not on and self.in_flight > 0:
+            if not on and self.in_flight > 0 and self.enabled:
                 now = time.monotonic()
                 if not self._defer_since:
                     self._defer_since = now
@@ -137,7 +138,7 @@ class LaunchGate:
             if corr and corr == self._last_corr:
                 self.repeated_corr += 1  # CUPTI's correlation ids stopped advancing
             self._last_corr = corr
-            if not self.on:  # switched off after CUPTI called this enter: its exit would be lost
+            if not self.on and self.enabled:  # switched off after CUPTI called this enter: its exit would be lost
                 self.reenabled += 1
                 enable(True)  # raises only when unsubscribed (the caller counts it)
                 self.on = True

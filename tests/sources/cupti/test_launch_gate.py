@@ -136,3 +136,13 @@ def test_gate_defers_off_while_a_launch_is_in_flight():
     assert not g.set(False, calls.append)
     time.sleep(0.06)
     assert g.set(False, calls.append) and calls[-1] is False
+
+
+def test_gate_off_switches_at_once_as_before():
+    calls = []
+    g = LaunchGate(enabled=False)
+    g.set(True, calls.append)
+    g.enter(5, calls.append)
+    assert g.set(False, calls.append) and calls == [True, False]
+    g.enter(6, calls.append)
+    assert calls == [True, False] and not g.on
