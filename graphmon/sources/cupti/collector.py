@@ -123,8 +123,8 @@ class CuptiSource(Source):
             if t.is_alive():
                 self.count_error("stop_timeout")
         self._thread = None
-        if self._subscribed:  # the thread did not get to it in time
-            self._teardown()
+        if self._subscribed:  # the thread did not get to it in time (if alive, it may still decode: no flush)
+            self._teardown(flush=t is None or not t.is_alive())
         self.set_state("stopped")
 
     def request_capture(self, request: CaptureRequest) -> None:
@@ -204,7 +204,7 @@ class CuptiSource(Source):
             self.set_state("error", f"cupti unavailable: {e}")
             return False
 
-    def _teardown(self) -> None:
+    def _teardown(self, flush: bool = True) -> None:
         if not self._subscribed:
             return
         if self._in_window:
@@ -212,7 +212,7 @@ class CuptiSource(Source):
         self._ring = None
         # every buffer CUPTI holds back to the pool first (none of ours left for Kineto to complete),
         # then unsubscribe: lets torch.profiler (Kineto) subscribe afterwards
-        for step in (lambda: self.api.flush(forced=True), self._ingest, self.api.unsubscribe):
+        for step in ((lambda: self.api.flush(forced=True), self._ingest) if flush else ()) + (self.api.unsubscribe,):
             try:
                 step()
             except Exception:

@@ -146,3 +146,20 @@ def test_gate_off_switches_at_once_as_before():
     assert g.set(False, calls.append) and calls == [True, False]
     g.enter(6, calls.append)
     assert calls == [True, False] and not g.on
+
+
+def test_detach_takes_every_buffer_back_before_unsubscribing():
+    # torch.profiler (Kineto) registers its own buffer callbacks after graphmon's detach: no
+    # buffer of graphmon's may be left with CUPTI then, and no activity kind left on.
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, observer="off")
+    order = []
+    real_flush, real_unsub = fake.flush, fake.unsubscribe
+    fake.flush = lambda forced=False: (order.append(("flush", forced)), real_flush(forced))[1]
+    fake.unsubscribe = lambda: (order.append(("unsubscribe", len(fake.free))), real_unsub())[1]
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(2))
+    _capture(fake, src, windows, h, 3)
+    order.clear()
+    src.stop()
+    assert order[0] == ("flush", True) and order[-1] == ("unsubscribe", len(fake._buffers)), order
+    assert not fake.activity and not fake.launch_callbacks and fake.handler is None
