@@ -48,6 +48,8 @@ class CuptiSettings(BaseSettings):
     blocked_retry_s: float = Field(30.0, gt=0, description="seconds between subscribe attempts while another profiler holds CUPTI")
     poll_s: float = Field(0.05, gt=0, description="collector thread poll interval")
     keep_raw: bool = Field(False, description="diagnostics: keep each window's unfiltered records")
+    launch_gate: bool = Field(True, description="never switch the launch callbacks off between a launch's enter and "
+                                                "exit callbacks (off: the old behaviour, for A/B diagnostics only)")
     close: Literal["drain_first", "disable_first"] = Field(
         "drain_first", description="drain_first: trace until the window's replays ran; disable_first: stop tracing new "
                                    "launches at once (less traced, may cut the last replays)")

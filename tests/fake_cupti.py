@@ -83,6 +83,11 @@ class FakeCupti:
         self.dropped = 0
         self.flushes: list[bool] = []  # forced flag of every flush
         self.corr = itertools.count(1)
+        # A model of what the H200 showed (tests/gpu/test_live_cupti.py), not CUPTI's documented
+        # behaviour: once a launch's exit callback is lost (the launch callbacks switched off
+        # between its enter and exit), every later launch gets that launch's correlation id.
+        self.stick_on_lost_exit = False
+        self.stuck_corr: int | None = None
         self.execs: dict[int, list[Kernel]] = {}
         self.exec_ids: dict[int, int] = {}
         self.handles = itertools.count(0x7F0000001000, 0x1000)
@@ -265,23 +270,28 @@ class FakeCupti:
 
         ``block_s``: the API call blocks that long between its enter and exit callbacks, as
         cuGraphLaunch does while the GPU's queue is full; the graph runs at the end of it."""
-        corr = next(self.corr)
+        corr = self.stuck_corr or next(self.corr)
         with self.lock:
             self.launches += 1
-            if self.launch_callbacks:
+            entered = self.launch_callbacks
+            if entered:
                 self.launch_callback_calls += 1
                 self._call("on_launch_enter", corr, h, 0xC0, stream)
             if block_s <= 0:
                 self._run_graph(h, corr)
-                if self.launch_callbacks:
-                    self._call("on_launch_exit", corr)
+                self._exit(corr, entered)
                 return corr
         time.sleep(block_s)
         with self.lock:
             self._run_graph(h, corr)
-            if self.launch_callbacks:
-                self._call("on_launch_exit", corr)
+            self._exit(corr, entered)
         return corr
+
+    def _exit(self, corr: int, entered: bool) -> None:
+        if self.launch_callbacks:
+            self._call("on_launch_exit", corr)
+        elif entered and self.stick_on_lost_exit:
+            self.stuck_corr = corr
 
     def _run_graph(self, h, corr):
         kernels = self.execs[h]

@@ -17,7 +17,23 @@ from graphmon.sources.cupti.records import KernelColumns
 from graphmon.sources.cupti.registry import GraphRegistry
 
 
-def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None):
+def merged_correlations(corr: np.ndarray, node: Optional[np.ndarray], launch_corr: np.ndarray) -> np.ndarray:
+    """Correlation ids under which several launches came back: one given to two window launches,
+    or one whose kernels hold every graph node more than once (one replay runs each node once:
+    true of every window of the H200 recordings in tests/data). Seen on the H200 when CUPTI's
+    ids stopped advancing: all 40 launches of a window under one id, which a most-common-count
+    rule then kept as one 6,400-kernel replay (tests/gpu/test_live_cupti.py)."""
+    u, c = np.unique(launch_corr, return_counts=True)
+    out = [u[c > 1]]
+    m = node > 0 if node is not None else np.zeros(len(corr), bool)
+    if m.any():
+        pairs, mult = np.unique(np.stack([corr[m], node[m]], 1), axis=0, return_counts=True)
+        ids, first = np.unique(pairs[:, 0], return_index=True)  # pairs are sorted by correlation id
+        out.append(ids[np.minimum.reduceat(mult, first) >= 2])
+    return np.unique(np.concatenate(out))
+
+
+def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None, node=None):
     """Mask of kernels to keep + counts of excluded ones by reason. Graph kernels are kept when
     their launch was seen inside the window and their replay has the graph's usual kernel count
     in the window (the most common count among its replays). Kernels that are not ``valid``
@@ -43,6 +59,10 @@ def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.nda
     if before.any():
         invalid[InvalidReason.LAUNCHED_OUTSIDE_WINDOW.value] = int(before.sum())
         keep &= ~before
+    merged = keep & g & np.isin(corr, merged_correlations(corr[g], None if node is None else node[g], launch_corr))
+    if merged.any():
+        invalid[InvalidReason.OVERFULL_REPLAY.value] = int(merged.sum())
+        keep &= ~merged
     sel = np.flatnonzero(keep & g & (True if valid is None else valid))
     if len(sel):
         u, inv, cnt = np.unique(corr[sel], return_inverse=True, return_counts=True)
@@ -59,7 +79,7 @@ def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.nda
         for reason, bad in ((InvalidReason.PARTIAL_REPLAY, cnt < want), (InvalidReason.OVERFULL_REPLAY, cnt > want)):
             drop = bad[inv]
             if drop.any():
-                invalid[reason.value] = int(drop.sum())
+                invalid[reason.value] = invalid.get(reason.value, 0) + int(drop.sum())
                 keep[sel[drop]] = False
     return keep, invalid
 
@@ -93,7 +113,8 @@ def build_trace(cols: KernelColumns, name_id: np.ndarray, names: list[str], laun
                "name_id": name_id, "launch_correlation_id": lc["correlation_id"], "launch_graph_id": launch_gid,
                "launch_ns": lc["launch_ns"]}
     valid = (cols.start_ns > 0) & (cols.end_ns >= cols.start_ns)
-    keep, invalid = complete_replays(cols.graph_id, cols.correlation_id, lc["correlation_id"], valid=valid)
+    keep, invalid = complete_replays(cols.graph_id, cols.correlation_id, lc["correlation_id"], valid=valid,
+                                     node=cols.graph_node_id)
     if not keep.all():
         cols, name_id = cols.take(keep), name_id[keep]
     trace = Trace.build(

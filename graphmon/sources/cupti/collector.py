@@ -31,7 +31,7 @@ from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
 from graphmon.sources.cupti.assemble import build_trace
-from graphmon.sources.cupti.launches import LaunchRing
+from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
 from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore
@@ -61,7 +61,7 @@ class CuptiSource(Source):
         self._wake = threading.Event()
         self._captures: deque[CaptureRequest] = deque(maxlen=16)
         self._subscribed = False
-        self._launch_cb_on = False
+        self._gate = LaunchGate(enabled=s.launch_gate)  # the launch callbacks, never off inside a launch
         self._collector_logged_s = -1e9
         self._timer: Optional[EventTimer] = None
 
@@ -82,11 +82,10 @@ class CuptiSource(Source):
         self._ingest_s = 0.0
         self._ingest_records = 0
 
-        self.stats: dict[str, float] = {
-            "windows": 0, "records": 0, "dropped": 0, "discarded": 0, "ingest_records_per_s": 0.0,
-            "last_window_ms": 0.0, "last_flush_ms": 0.0, "decode_fallback_buffers": 0, "other_kind_records": 0,
-            "record_bytes": 0,
-        }
+        self.stats: dict[str, float] = dict.fromkeys((
+            "windows", "records", "dropped", "discarded", "ingest_records_per_s", "last_window_ms", "last_flush_ms",
+            "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
+            "launch_cb_reenabled", "repeated_correlation"), 0)
         self.last_window: Optional[Window] = None
         self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
         # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink), decode_ms
@@ -124,8 +123,8 @@ class CuptiSource(Source):
             if t.is_alive():
                 self.count_error("stop_timeout")
         self._thread = None
-        if self._subscribed:  # the thread did not get to it in time
-            self._teardown()
+        if self._subscribed:  # the thread did not get to it in time (if alive, it may still decode: no flush)
+            self._teardown(flush=t is None or not t.is_alive())
         self.set_state("stopped")
 
     def request_capture(self, request: CaptureRequest) -> None:
@@ -205,26 +204,27 @@ class CuptiSource(Source):
             self.set_state("error", f"cupti unavailable: {e}")
             return False
 
-    def _teardown(self) -> None:
+    def _teardown(self, flush: bool = True) -> None:
         if not self._subscribed:
             return
         if self._in_window:
             self._disable_tracing()
         self._ring = None
-        try:
-            self.api.unsubscribe()  # lets torch.profiler (Kineto) subscribe afterwards
-        except Exception:
-            self.count_error("unsubscribe")
+        # every buffer CUPTI holds back to the pool first (none of ours left for Kineto to complete),
+        # then unsubscribe: lets torch.profiler (Kineto) subscribe afterwards
+        for step in ((lambda: self.api.flush(forced=True), self._ingest) if flush else ()) + (self.api.unsubscribe,):
+            try:
+                step()
+            except Exception:
+                self.count_error("unsubscribe")
         self._subscribed = False
-        self._launch_cb_on = False
+        self._gate.forget()
         if self._timer is not None:
             self._timer.release()
 
     def _set_launch_cb(self, on: bool) -> None:
-        if on == self._launch_cb_on or not self._subscribed:
-            return
-        self.api.set_launch_callbacks(on)
-        self._launch_cb_on = on
+        if self._subscribed:  # an off waits while a launch is between its enter and exit (LaunchGate)
+            self._gate.set(on, self.api.set_launch_callbacks)
 
     def _sync_launch_cb(self) -> None:
         # pending_first_launch is raised before the instantiate callback enables launches, so
@@ -267,8 +267,8 @@ class CuptiSource(Source):
         started = wall_time()
         t0 = time.perf_counter()
         self.api.set_kernel_activity(True)
+        self._ring = self._win  # before in_window: a caller that waits for it launches into the ring
         self._in_window = True  # after enabling: every launch the window takes is traced
-        self._ring = self._win
         self._wait_phase(self._win, dur_ms)
         ph["window"] = time.perf_counter()
         # Launches already made may still be queued on the GPU: keep tracing until they ran
@@ -307,8 +307,10 @@ class CuptiSource(Source):
         st["records"] += len(trace)
         st["dropped"] += dropped
         st["discarded"] += discarded
+        g = self._gate  # launch-callback switching (LaunchGate): offs put off, enters that found them off
         st.update(last_window_ms=window_ms, last_flush_ms=flush_ms, decode_fallback_buffers=ds.fallback_buffers,
-                  other_kind_records=ds.other_kind_records, record_bytes=self._decoder.record_bytes)
+                  other_kind_records=ds.other_kind_records, record_bytes=self._decoder.record_bytes,
+                  launch_cb_deferred=g.deferred, launch_cb_reenabled=g.reenabled, repeated_correlation=g.repeated_corr)
         if self._ingest_s > 0:
             st["ingest_records_per_s"] = self._ingest_records / self._ingest_s
         self._phases["build"] = time.perf_counter()
@@ -395,7 +397,7 @@ class CuptiSource(Source):
                 self.count_error("flush")
                 break
             self._ingest()
-            if forced or self._stop.is_set() or self._window_has_its_launches():
+            if forced or self._stop.is_set() or self._store.has_all(self._win.columns()["correlation_id"]):
                 break
             if time.perf_counter() >= deadline:
                 forced = True
@@ -403,9 +405,6 @@ class CuptiSource(Source):
                 continue
             time.sleep(0.002)
         return (time.perf_counter() - t0) * 1e3
-
-    def _window_has_its_launches(self) -> bool:
-        return self._store.has_all(self._win.columns()["correlation_id"])
 
     def _ingest(self) -> None:
         """Decode the queued buffers, one per GIL hold, and give each back to the pool."""
@@ -451,6 +450,7 @@ class CuptiSource(Source):
         return sid
 
     def on_launch_enter(self, corr: int, exec_handle: int, ctx: int, stream: int) -> None:
+        self._gate.enter(corr, self.api.set_launch_callbacks)
         sid = self._stream_id(ctx, stream)
         self.registry.on_launch(exec_handle, sid)
         ring = self._ring
@@ -471,6 +471,7 @@ class CuptiSource(Source):
             timer.start(ring, i)
 
     def on_launch_exit(self, corr: int) -> None:
+        self._gate.exit()
         for ring in (self._win, self._ref):
             i = ring.find(corr)
             if i >= 0:
@@ -489,7 +490,7 @@ class CuptiSource(Source):
             gid = -1
         us = self._stream_id(ctx, upload_stream) if upload_stream is not None else -1
         self.registry.on_instantiate(exec_handle, flags=flags, upload_stream=us, graph_id=gid)
-        if not self._launch_cb_on:
+        if not self._gate.on:
             try:  # catch this exec's first launch even if it comes before the collector wakes
                 self._set_launch_cb(True)
             except Exception:

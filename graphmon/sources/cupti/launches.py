@@ -9,6 +9,7 @@ after the phase (`columns()`), when the callbacks no longer write them.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -81,3 +82,68 @@ class LaunchRing:
             "launch_ns": np.array(self.launch_ns[:n], np.int64),
             "stream": np.array(self.stream_id[:n], np.int64),
         }
+
+
+class LaunchGate:
+    """Switches CUPTI's launch callbacks without splitting a launch's enter/exit pair.
+
+    The collector turns the launch callbacks off from its own thread while a host thread may be
+    inside cuGraphLaunch (between its enter and exit callbacks: a first launch that uploads, a
+    launch blocked on a full queue, a serving loop that never pauses). The exit callback of that
+    launch is then never delivered. Suspected on the H200 (tests/gpu/test_live_cupti.py): after
+    such a split every later launch of the process carried one early correlation id (8 or 9),
+    in graphmon's windows and in torch.profiler's own session after detach (duplicate flow ids:
+    Kineto's ``inserted.second`` assert). So an ``off`` waits (returns False, the caller retries
+    at its next poll) while a launch is in flight, and a launch whose enter callback raced an
+    ``off`` switches the callbacks back on, so that its exit is delivered.
+    """
+
+    def __init__(self, max_defer_s: float = 1.0, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: switch at once, as before (A/B diagnostics)
+        self._lock = threading.Lock()  # held for a few integer updates and one CUPTI enable call
+        self.max_defer_s = max_defer_s  # an exit that never comes (a host thread killed) cannot pin them on
+        self._defer_since = 0.0
+        self.on = False  # what graphmon last asked CUPTI for
+        self.in_flight = 0  # launches whose enter callback ran and whose exit has not yet
+        self.deferred = 0  # offs put off because a launch was in flight
+        self.reenabled = 0  # enter callbacks that found the callbacks switched off under them
+        self.repeated_corr = 0  # enter callbacks with the previous launch's correlation id
+        self._last_corr = 0
+
+    def set(self, on: bool, enable) -> bool:
+        """``enable(bool)`` switches CUPTI; True when the callbacks are now ``on``."""
+        with self._lock:
+            if on == self.on:
+                return True
+            if not on and self.in_flight > 0 and self.enabled:
+                now = time.monotonic()
+                if not self._defer_since:
+                    self._defer_since = now
+                if now - self._defer_since < self.max_defer_s:
+                    self.deferred += 1
+                    return False
+            enable(on)
+            self.on = on
+            self._defer_since = 0.0
+            return True
+
+    def forget(self) -> None:
+        """After unsubscribe: nothing is enabled, no exit will come."""
+        with self._lock:
+            self.on, self.in_flight = False, 0
+
+    def enter(self, corr: int, enable) -> None:
+        with self._lock:
+            self.in_flight += 1
+            if corr and corr == self._last_corr:
+                self.repeated_corr += 1  # CUPTI's correlation ids stopped advancing
+            self._last_corr = corr
+            if not self.on and self.enabled:  # switched off after CUPTI called this enter: its exit would be lost
+                self.reenabled += 1
+                enable(True)  # raises only when unsubscribed (the caller counts it)
+                self.on = True
+
+    def exit(self) -> None:
+        with self._lock:
+            if self.in_flight > 0:
+                self.in_flight -= 1

@@ -61,3 +61,22 @@ def test_complete_replays_on_real_h200_windows():
         key = np.stack([kept, g["graph_id"][keep], g["graph_node_id"][keep]], 1)
         assert len(np.unique(key, axis=0)) == len(key)
         assert inv.get("launched_outside_window", 0) == int((~np.isin(g["correlation_id"], u)).sum())
+
+
+def test_launches_merged_under_one_correlation_id_are_excluded():
+    # The H200 failure of test_records_match_cuda_events: CUPTI's correlation ids stopped
+    # advancing, so 40 launches of a window (3 kernels each here) came back under one id (8),
+    # which the window's launch table also held. The most-common-count rule alone keeps them as
+    # one 120-kernel "replay"; each graph node appearing 40 times says they are 40 launches.
+    node = np.tile([1, 2, 3], 40)
+    corr = np.full(len(node), 8)
+    gid = np.full(len(node), 5)
+    keep, inv = complete_replays(gid, corr, np.array([8]), node=node)
+    assert not keep.any() and inv == {"overfull_replay": 120}
+    # the same id given to several launches of the window's table: excluded as well
+    keep, inv = complete_replays(np.full(6, 5), np.array([8] * 3 + [9] * 3), np.array([8, 8, 9]),
+                                 node=np.tile([1, 2, 3], 2))
+    assert keep.tolist() == [False] * 3 + [True] * 3 and inv == {"overfull_replay": 3}
+    # a graph whose loop body runs twice (a conditional node) is one replay: not every node repeats
+    keep, inv = complete_replays(np.full(5, 5), np.full(5, 4), np.array([4]), node=np.array([1, 2, 2, 3, 3]))
+    assert keep.all() and inv == {}
