@@ -114,10 +114,10 @@ VLLM_STANDIN = """
     # what vllm.plugins.load_general_plugins does in each process it creates
     import sys
     from importlib.metadata import entry_points
-    eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "graphmon"]
-    assert len(eps) == 1, eps
-    for ep in eps:
-        ep.load()()
+    # vLLM keys plugins by name (graphmon's own install and the stand-in dist-info may both list it)
+    plugins = {ep.name: ep for ep in entry_points(group="vllm.general_plugins")}
+    assert plugins["graphmon"].value == "graphmon.host.vllm_plugin:register", plugins
+    plugins["graphmon"].load()()
     import torch
     from graphmon.host.attach import attached
     print("before", attached() is None)
