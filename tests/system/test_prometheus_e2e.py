@@ -46,8 +46,9 @@ ABSENT_IN_E2E = {"graphmon_observer_slowdown_ratio"}
 # Fleet metrics (docs/briefs: agent and export layers, built in parallel with the dashboards).
 # While a build does not export one of them at all, queries on it are skipped with that reason;
 # as soon as `graphmon serve` exports it, its panels are checked like every other.
-FLEET_METRICS = {
-    "graphmon_collector_state", "graphmon_graph_last_sampled_timestamp_seconds", "graphmon_build_info",
+# Families only the agent exports (one series per attached process; `graphmon serve` replays a file
+# and has none): tests/export/test_agent.py and tests/system/test_agent_trees.py check them.
+AGENT_ONLY_METRICS = {
     "graphmon_device_info", "graphmon_process_info", "graphmon_process_last_window_timestamp_seconds",
     "graphmon_empty_windows_total", "graphmon_processes_lost_total", "graphmon_processes",
 }
@@ -72,10 +73,10 @@ def _exported(metrics_text: str) -> set[str]:
     return exported
 
 
-def _skip_if_not_exported_yet(metrics_text: str, metrics: set[str]) -> None:
-    pending = {m for m in metrics if m in FLEET_METRICS and m not in _exported(metrics_text)}
+def _skip_agent_only(metrics_text: str, metrics: set[str]) -> None:
+    pending = {m for m in metrics if m in AGENT_ONLY_METRICS and m not in _exported(metrics_text)}
     if pending:
-        pytest.skip(f"this build does not export {sorted(pending)} yet")
+        pytest.skip(f"agent-only families {sorted(pending)}: `graphmon serve` has no attached processes")
 
 
 def _free_port() -> int:
@@ -190,7 +191,7 @@ def _query_until_data(prom: Prom, expr: str, timeout_s: float = 10) -> list[dict
 @pytest.mark.parametrize("name, title, ref, expr", PANEL_CASES)
 def test_every_panel_query_returns_series(stack, name, title, ref, expr):
     prom, metrics_text = stack
-    _skip_if_not_exported_yet(metrics_text, referenced_metrics(expr))
+    _skip_agent_only(metrics_text, referenced_metrics(expr))
     used = {family_of(m) for m in referenced_metrics(expr)}
     if used & ABSENT_IN_E2E:
         assert used <= ABSENT_IN_E2E, "a panel mixing absent and present metrics must not hide behind the allowance"
@@ -217,7 +218,7 @@ def test_queries_reference_only_exported_metrics(stack):
     for rule in load_alert_rules():
         for m in referenced_metrics(rule["expr"]):
             used.setdefault(m, f"alert {rule['alert']}")
-    missing = {m: where for m, where in used.items() if m not in exported and m not in ABSENT_IN_E2E | FLEET_METRICS}
+    missing = {m: where for m, where in used.items() if m not in exported and m not in ABSENT_IN_E2E | AGENT_ONLY_METRICS}
     assert not missing, f"queries use metrics graphmon does not export: {missing}"
     # The allowed-absent ones are absent from a replay, but spelled as graphmon's collector spells them.
     collector_source = (ROOT / "graphmon" / "export" / "collector.py").read_text()
@@ -309,7 +310,7 @@ def test_two_instances_never_merge(stack):
         for title, ref, expr in panel_targets(model):
             if "sum by (le)" in expr:
                 continue  # the heatmap pools the selected instances by design
-            if {m for m in referenced_metrics(expr) if m in FLEET_METRICS} - _exported(metrics_text):
+            if {m for m in referenced_metrics(expr) if m in AGENT_ONLY_METRICS} - _exported(metrics_text):
                 continue
             for series in prom.query(expand(expr, names, RATE_WINDOW)):
                 assert series["metric"].get("instance"), f"{name} / {title} / {ref} lost the instance label"
