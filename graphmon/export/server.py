@@ -1,4 +1,4 @@
-"""FastAPI app: / /metrics /status /healthz /graphs /capture /trace/{id} (+ /openapi.json).
+"""FastAPI app: / /metrics /status /healthz /graphs /capture /trace/{id} /baseline (+ /openapi.json).
 
 Mount it into an existing FastAPI/Starlette app (``app.mount("/graphmon", exporter.app)``) or run
 it standalone. It gets narrow arguments (a snapshot getter, a capture function, a trace lookup,
@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from graphmon import __version__
+from graphmon.export.baseline import Baseline
 from graphmon.export.collector import make_registry
 from graphmon.export.exposition import CONTENT_TYPES, MetricsRenderer, negotiate
 from graphmon.export.guard import ErrorCounts, Guard, authorized, base_names
@@ -36,7 +37,8 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>graphmon</t
 <li><a href="metrics">metrics</a> (Prometheus; OpenMetrics when asked)</li>
 <li><a href="status">status</a> (collector state, per-graph gap summary)</li>
 <li><a href="graphs">graphs</a></li><li><a href="healthz">healthz</a></li>
-<li><a href="openapi.json">openapi.json</a> (POST capture, GET trace/&lt;id&gt;)</li></ul></body></html>"""
+<li><a href="baseline">baseline</a> (pinned window of the boundary attribution in status)</li>
+<li><a href="openapi.json">openapi.json</a> (POST capture, GET trace/&lt;id&gt;, POST/DELETE baseline)</li></ul></body></html>"""
 
 
 class CaptureBody(BaseModel):
@@ -49,6 +51,10 @@ class CaptureBody(BaseModel):
         if self.replays is None and self.duration_ms is None:
             raise ValueError("give replays or duration_ms")
         return self
+
+
+class BaselineBody(BaseModel):
+    trace_id: Optional[str] = Field(None, description="the window to pin; absent: the last window")
 
 
 class CaptureAnswer(BaseModel):
@@ -72,8 +78,15 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     # counted so far (this scrape's failure included).
     fallback = make_registry(snapshots, **{**kw, "health_only": True})
     renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
-    traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads)
+    baseline = Baseline(trace_lookup)
+
+    def boundaries_extra(trace_id: str):  # computed attribution only: the download path never computes
+        got = baseline.for_window(trace_id)
+        return None if got is None else (got[0], {"boundaries": {"baseline": got[0], "window": trace_id, "graphs": got[1]}})
+
+    traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads, boundaries_extra)
     app.state.renderer, app.state.errors, app.state.traces = renderer, errors, traces
+    app.state.baseline = baseline
     app.add_middleware(Guard, settings=settings, errors=errors)
     status_cache: list = [(), []]  # (snapshots, graphs) of the last /status: formatted once per snapshot
 
@@ -136,6 +149,8 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             "trace_store_count": settings.trace_store_count, "window_interval_s": settings.window_interval_s,
             "stale_after_s": settings.stale_after_s,
         }
+        last = next((s.windows[-1] for s in snaps if s.windows), None)
+        doc["boundaries"] = baseline.status(last)  # never blocks: a computation runs on its own thread
         if extra_status is not None:
             doc.update(extra_status())
         return doc
@@ -176,6 +191,33 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             await asyncio.sleep(0.02)
             ready = trace_lookup(cid) is not None
         return CaptureAnswer(id=cid, ready=ready, trace_url=f"trace/{cid}")
+
+    @app.get("/baseline", summary="The pinned baseline window of the live boundary attribution")
+    def get_baseline() -> dict:
+        return baseline.describe()
+
+    @app.post("/baseline", summary="Pin a window (body {\"trace_id\": id}; empty: the last window) as the baseline "
+              "of the per-boundary attribution in /status and /trace (bearer token; without one, loopback only)")
+    async def pin_baseline(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = BaselineBody.model_validate_json(raw) if raw.strip() else BaselineBody()
+        except ValueError as e:
+            raise HTTPException(422, f"body must be {{\"trace_id\": \"<id>\"}} or empty: {e}")
+        trace_id = body.trace_id
+        if trace_id is None:
+            trace_id = next((s.windows[-1] for s in snapshots() if s.windows), None)
+            if trace_id is None:
+                raise HTTPException(404, "no window yet to pin")
+        if not TRACE_ID.fullmatch(trace_id):
+            raise HTTPException(400, "trace id must be 1-64 characters of [A-Za-z0-9_-]")
+        if not baseline.pin(trace_id):
+            raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
+        return baseline.describe()
+
+    @app.delete("/baseline", summary="Unpin the baseline (bearer token; without one, loopback only)")
+    def unpin_baseline() -> dict:
+        return {"pinned": False, "unpinned": baseline.unpin()}
 
     @app.get("/trace/{trace_id}", summary="A window as Chrome/Perfetto trace JSON (or graphmon's native format); "
              "bearer token (without one, loopback clients only)",
