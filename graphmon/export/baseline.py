@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 from graphmon.analysis.boundaries import live_top_boundaries
@@ -22,15 +21,14 @@ TOP_BOUNDARIES = 5  # boundaries per graph carried by /status and /trace
 
 
 class Baseline:
-    def __init__(self, lookup: Callable[[str], Any], compute: Callable[[Any, Any], list] = None,
+    def __init__(self, lookup: Callable[[str], Any], compute: Optional[Callable[[Any, Any], list]] = None,
                  k: int = TOP_BOUNDARIES):
         self._lookup = lookup
         self._compute = compute or (lambda b, w: live_top_boundaries(b, w, k=k))
         self._lock = threading.Lock()
-        self._pinned: Optional[tuple[str, Any, float]] = None  # (id, Trace, pinned at, wall s)
+        self._pinned: Optional[tuple[str, Any, float]] = None  # (id, Trace, pinned at wall-clock s)
         self._result: Optional[dict] = None  # the last finished computation
         self._running: Optional[tuple[str, str]] = None  # (baseline id, window id) being computed
-        self._executor: Optional[ThreadPoolExecutor] = None
         self.computations = 0
         self.failures = 0
 
@@ -97,9 +95,10 @@ class Baseline:
         if window is None:
             return
         self._running = (pinned[0], window_id)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="graphmon-baseline")
-        self._executor.submit(self._run, pinned[0], pinned[1], window_id, window)
+        # A daemon thread per computation (at most one at a time, see _running): never holds the
+        # host's exit, as a ThreadPoolExecutor's worker would.
+        threading.Thread(target=self._run, args=(pinned[0], pinned[1], window_id, window),
+                         name="graphmon-baseline", daemon=True).start()
 
     def _run(self, base_id: str, base: Any, window_id: str, window: Any) -> None:
         t0 = time.monotonic()
@@ -116,7 +115,3 @@ class Baseline:
             self._result = {"baseline": base_id, "window": window_id, "graphs": graphs, "seconds": done - t0,
                             "done_at": done, "error": error}
             self._running = None
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)

@@ -65,10 +65,13 @@ class CaptureAnswer(BaseModel):
 
 def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable[[CaptureRequest], None],
                trace_lookup: Callable[[str], Any], settings, extra_status: Optional[Callable[[], Mapping]] = None,
-               health_only: bool = False, extra_collectors: Sequence = ()) -> FastAPI:
+               health_only: bool = False, extra_collectors: Sequence = (),
+               last_window: Optional[Callable[[], Optional[str]]] = None) -> FastAPI:
     """``snapshots()``: the current snapshots (one per process); ``capture(request)`` raises
     NotImplementedError (409) or RuntimeError (429) to refuse; ``trace_lookup(id)``: a Trace or
-    None. ``app.state.renderer.prerender()`` renders /metrics ahead (call it on publish)."""
+    None. ``last_window()``: the newest window's id as ``trace_lookup`` knows it (default: the last
+    of the first snapshot's ``windows``). ``app.state.renderer.prerender()`` renders /metrics ahead
+    (call it on publish)."""
     app = FastAPI(title="graphmon", version=__version__, docs_url=None, redoc_url=None,
                   description="Live CUDA-graph kernel-gap metrics. Prometheus scrapes /metrics.")
     errors = ErrorCounts()
@@ -79,6 +82,9 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     fallback = make_registry(snapshots, **{**kw, "health_only": True})
     renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
     baseline = Baseline(trace_lookup)
+    if last_window is None:
+        def last_window() -> Optional[str]:
+            return next((s.windows[-1] for s in snapshots() if s.windows), None)
 
     def boundaries_extra(trace_id: str):  # computed attribution only: the download path never computes
         got = baseline.for_window(trace_id)
@@ -149,8 +155,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             "trace_store_count": settings.trace_store_count, "window_interval_s": settings.window_interval_s,
             "stale_after_s": settings.stale_after_s,
         }
-        last = next((s.windows[-1] for s in snaps if s.windows), None)
-        doc["boundaries"] = baseline.status(last)  # never blocks: a computation runs on its own thread
+        doc["boundaries"] = baseline.status(last_window())  # never blocks: a computation runs on its own thread
         if extra_status is not None:
             doc.update(extra_status())
         return doc
@@ -206,7 +211,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             raise HTTPException(422, f"body must be {{\"trace_id\": \"<id>\"}} or empty: {e}")
         trace_id = body.trace_id
         if trace_id is None:
-            trace_id = next((s.windows[-1] for s in snapshots() if s.windows), None)
+            trace_id = last_window()
             if trace_id is None:
                 raise HTTPException(404, "no window yet to pin")
         if not TRACE_ID.fullmatch(trace_id):

@@ -183,3 +183,36 @@ def test_a_failing_computation_is_reported_not_raised(real_trace):
         time.sleep(0.02)
     assert "ZeroDivisionError" in b["error"] and b["graphs"] == [] and bl.failures == 1
     assert "boundaries" not in c.get(f"/trace/{w}").json()["otherData"]
+
+
+def test_agent_windows_get_the_same_attribution(real_trace, tmp_path):
+    import os
+    import socket
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import create_agent_app
+    from graphmon.model.wire import encode_message, encode_window
+    from helpers import wait_until
+
+    agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(agent.socket_path)
+        ident = {"rank": "0", "rank_source": "RANK", "pid": "4242", "host": "h", "device": "0", "uuid": "GPU-1",
+                 "pci_bus_id": "00000000:10:00.0", "interval_s": 10.0, "first_window_s": 0.0}
+        s.sendall(encode_message("hello", identity=ident, status={"state": "running"}))
+        c = TestClient(create_agent_app(agent), client=LOCAL)
+        now = time.time()
+        s.sendall(encode_window(window(half(real_trace, 0), ended_s=now)))
+        assert wait_until(lambda: c.get("/status").json()["processes"][0]["windows"] == ["p4242-w1"], timeout=20)
+        assert c.post("/baseline", json={"trace_id": "p4242-w1"}).status_code == 200
+        chosen, cur = widened(real_trace)
+        s.sendall(encode_window(window(half(cur, 1), ended_s=now + 1)))
+        b = wait_ready(c, "p4242-w2")
+        d = {x["graph"]: x for x in b["graphs"]}
+        assert b["baseline"] == "p4242-w1" and d[GRAPH]["verdict"] == "concentrated"
+        assert {(t["stream_baseline"], t["position"]) for t in d[GRAPH]["top"] if t["flagged"]} == set(chosen)
+        assert c.get("/trace/p4242-w2").json()["otherData"]["boundaries"]["baseline"] == "p4242-w1"
+    finally:
+        s.close()
+        agent.stop()
