@@ -250,6 +250,16 @@ class Agent:
                 return t
         return None
 
+    def last_window_id(self) -> Optional[str]:
+        """The newest window of any attached process, as ``p<pid>-w<n>`` (the live boundary attribution's window)."""
+        best: tuple = (-1.0, None)
+        for a in self.attached():
+            s = a.aggregator.snapshot()
+            if s.windows and (s.last_window_s or 0.0) > best[0]:
+                w = s.windows[-1]
+                best = (s.last_window_s or 0.0, w if w.startswith("c") else f"{a.key}-{w}")
+        return best[1]
+
     def process_status(self) -> list[dict]:
         """/status's list of processes: rank, device, pid, state and last window age."""
         now = time.time()

@@ -82,7 +82,7 @@ def create_agent_app(agent: Agent):
     from graphmon.export.server import create_app
 
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
-                     settings=agent.settings, extra_status=lambda: status(agent),
+                     settings=agent.settings, extra_status=lambda: status(agent), last_window=agent.last_window_id,
                      extra_collectors=[AgentHealthCollector(agent)])
     # every process's new snapshot re-renders /metrics off the request path
     agent.publish_hooks.append(lambda _snap: app.state.renderer.prerender())

@@ -120,7 +120,9 @@ class Guard:
             return await _send_json(send, 413, f"request body larger than {MAX_BODY_BYTES} bytes")
         if te is not None and b"chunked" in te.lower() and cl is None and method not in ("GET", "HEAD"):
             return await _send_json(send, 411, "chunked request bodies are not accepted: send Content-Length")
-        if (method == "POST" and path.rstrip("/") == "/capture") or path.startswith("/trace/"):
+        route = path.rstrip("/")
+        if ((method == "POST" and route == "/capture") or path.startswith("/trace/")
+                or (method in ("POST", "DELETE") and route == "/baseline")):
             refused = authorized(scope, self.settings)
             if refused is not None:
                 hdr = ((b"www-authenticate", b"Bearer"),) if refused[0] == 401 else ()

@@ -1,4 +1,4 @@
-"""FastAPI app: / /metrics /status /healthz /graphs /capture /trace/{id} (+ /openapi.json).
+"""FastAPI app: / /metrics /status /healthz /graphs /capture /trace/{id} /baseline (+ /openapi.json).
 
 Mount it into an existing FastAPI/Starlette app (``app.mount("/graphmon", exporter.app)``) or run
 it standalone. It gets narrow arguments (a snapshot getter, a capture function, a trace lookup,
@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from graphmon import __version__
+from graphmon.export.baseline import Baseline
 from graphmon.export.collector import make_registry
 from graphmon.export.exposition import CONTENT_TYPES, MetricsRenderer, negotiate
 from graphmon.export.guard import ErrorCounts, Guard, authorized, base_names
@@ -36,7 +37,8 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>graphmon</t
 <li><a href="metrics">metrics</a> (Prometheus; OpenMetrics when asked)</li>
 <li><a href="status">status</a> (collector state, per-graph gap summary)</li>
 <li><a href="graphs">graphs</a></li><li><a href="healthz">healthz</a></li>
-<li><a href="openapi.json">openapi.json</a> (POST capture, GET trace/&lt;id&gt;)</li></ul></body></html>"""
+<li><a href="baseline">baseline</a> (pinned window of the boundary attribution in status)</li>
+<li><a href="openapi.json">openapi.json</a> (POST capture, GET trace/&lt;id&gt;, POST/DELETE baseline)</li></ul></body></html>"""
 
 
 class CaptureBody(BaseModel):
@@ -51,6 +53,10 @@ class CaptureBody(BaseModel):
         return self
 
 
+class BaselineBody(BaseModel):
+    trace_id: Optional[str] = Field(None, description="the window to pin; absent: the last window")
+
+
 class CaptureAnswer(BaseModel):
     id: str
     ready: bool
@@ -59,10 +65,13 @@ class CaptureAnswer(BaseModel):
 
 def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable[[CaptureRequest], None],
                trace_lookup: Callable[[str], Any], settings, extra_status: Optional[Callable[[], Mapping]] = None,
-               health_only: bool = False, extra_collectors: Sequence = ()) -> FastAPI:
+               health_only: bool = False, extra_collectors: Sequence = (),
+               last_window: Optional[Callable[[], Optional[str]]] = None) -> FastAPI:
     """``snapshots()``: the current snapshots (one per process); ``capture(request)`` raises
     NotImplementedError (409) or RuntimeError (429) to refuse; ``trace_lookup(id)``: a Trace or
-    None. ``app.state.renderer.prerender()`` renders /metrics ahead (call it on publish)."""
+    None. ``last_window()``: the newest window's id as ``trace_lookup`` knows it (default: the last
+    of the first snapshot's ``windows``). ``app.state.renderer.prerender()`` renders /metrics ahead
+    (call it on publish)."""
     app = FastAPI(title="graphmon", version=__version__, docs_url=None, redoc_url=None,
                   description="Live CUDA-graph kernel-gap metrics. Prometheus scrapes /metrics.")
     errors = ErrorCounts()
@@ -72,8 +81,18 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     # counted so far (this scrape's failure included).
     fallback = make_registry(snapshots, **{**kw, "health_only": True})
     renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
-    traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads)
+    baseline = Baseline(trace_lookup)
+    if last_window is None:
+        def last_window() -> Optional[str]:
+            return next((s.windows[-1] for s in snapshots() if s.windows), None)
+
+    def boundaries_extra(trace_id: str):  # computed attribution only: the download path never computes
+        got = baseline.for_window(trace_id)
+        return None if got is None else (got[0], {"boundaries": {"baseline": got[0], "window": trace_id, "graphs": got[1]}})
+
+    traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads, boundaries_extra)
     app.state.renderer, app.state.errors, app.state.traces = renderer, errors, traces
+    app.state.baseline = baseline
     app.add_middleware(Guard, settings=settings, errors=errors)
     status_cache: list = [(), []]  # (snapshots, graphs) of the last /status: formatted once per snapshot
 
@@ -136,6 +155,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             "trace_store_count": settings.trace_store_count, "window_interval_s": settings.window_interval_s,
             "stale_after_s": settings.stale_after_s,
         }
+        doc["boundaries"] = baseline.status(last_window())  # never blocks: a computation runs on its own thread
         if extra_status is not None:
             doc.update(extra_status())
         return doc
@@ -176,6 +196,33 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             await asyncio.sleep(0.02)
             ready = trace_lookup(cid) is not None
         return CaptureAnswer(id=cid, ready=ready, trace_url=f"trace/{cid}")
+
+    @app.get("/baseline", summary="The pinned baseline window of the live boundary attribution")
+    def get_baseline() -> dict:
+        return baseline.describe()
+
+    @app.post("/baseline", summary="Pin a window (body {\"trace_id\": id}; empty: the last window) as the baseline "
+              "of the per-boundary attribution in /status and /trace (bearer token; without one, loopback only)")
+    async def pin_baseline(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = BaselineBody.model_validate_json(raw) if raw.strip() else BaselineBody()
+        except ValueError as e:
+            raise HTTPException(422, f"body must be {{\"trace_id\": \"<id>\"}} or empty: {e}")
+        trace_id = body.trace_id
+        if trace_id is None:
+            trace_id = last_window()
+            if trace_id is None:
+                raise HTTPException(404, "no window yet to pin")
+        if not TRACE_ID.fullmatch(trace_id):
+            raise HTTPException(400, "trace id must be 1-64 characters of [A-Za-z0-9_-]")
+        if not baseline.pin(trace_id):
+            raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
+        return baseline.describe()
+
+    @app.delete("/baseline", summary="Unpin the baseline (bearer token; without one, loopback only)")
+    def unpin_baseline() -> dict:
+        return {"pinned": False, "unpinned": baseline.unpin()}
 
     @app.get("/trace/{trace_id}", summary="A window as Chrome/Perfetto trace JSON (or graphmon's native format); "
              "bearer token (without one, loopback clients only)",

@@ -33,7 +33,8 @@ RENDER_BURST_S = 2.0  # render time allowed at once before the duty cycle applie
 MAX_RENDER_WAIT_S = 10.0  # a request waits this long at most for the render budget, else 429
 
 
-def render_trace(t: Any, fmt: str) -> bytes:
+def render_trace(t: Any, fmt: str, other: Optional[dict] = None) -> bytes:
+    """``other``: extra ``otherData`` entries of the Chrome JSON (e.g. the boundary attribution)."""
     if fmt == "graphmon":
         buf = io.BytesIO()
         write_trace_to(t, buf)
@@ -42,6 +43,8 @@ def render_trace(t: Any, fmt: str) -> bytes:
 
     doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS)
     events = doc.pop("traceEvents")
+    if other:
+        doc.setdefault("otherData", {}).update(other)
     # Encoded in slices with a GIL yield between them: one json.dumps of 100,000 events holds the
     # GIL for hundreds of ms, and the event loop (/healthz, /metrics) would wait that long.
     parts = ['{"traceEvents":[']
@@ -60,8 +63,12 @@ def _dumps(obj: Any) -> str:
 
 
 class TraceBodies:
-    def __init__(self, lookup: Callable[[str], Any], max_bytes: int, max_downloads: int):
+    def __init__(self, lookup: Callable[[str], Any], max_bytes: int, max_downloads: int,
+                 extras: Optional[Callable[[str], Optional[tuple[str, dict]]]] = None):
+        """``extras(id)``: (version, otherData entries) for a window's Chrome JSON, or None; a body
+        is kept per version, so a new baseline gives a new body and an old one is never served."""
         self._lookup = lookup
+        self._extras = extras
         self.max_bytes, self.max_downloads = max_bytes, max_downloads
         self._bodies: OrderedDict[tuple, bytes] = OrderedDict()
         self._bytes = 0
@@ -83,7 +90,8 @@ class TraceBodies:
             self._bytes -= len(old)
 
     async def _body(self, trace_id: str, fmt: str) -> bytes:
-        key = (trace_id, fmt)
+        extra = self._extras(trace_id) if (self._extras is not None and fmt == "chrome") else None
+        key = (trace_id, fmt, extra[0] if extra else None)
         body = self._bodies.get(key)
         if body is not None:
             self._bodies.move_to_end(key)
@@ -112,7 +120,7 @@ class TraceBodies:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix="graphmon-trace")
                 t0 = time.monotonic()
                 try:
-                    body = await loop.run_in_executor(self._executor, render_trace, t, fmt)
+                    body = await loop.run_in_executor(self._executor, render_trace, t, fmt, *((extra[1],) if extra else ()))
                 finally:
                     self._budget_s -= time.monotonic() - t0
             self.renders += 1
