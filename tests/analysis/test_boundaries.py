@@ -19,15 +19,6 @@ from helpers import KINETO, NATIVE, WIDEN_NS, half, widen, widen_at
 CONC_NS = 5_000
 
 
-@pytest.fixture(scope="module")
-def native():
-    return read_trace(NATIVE, progress=False)
-
-
-@pytest.fixture(scope="module")
-def kineto():
-    return read_trace(KINETO, progress=False)
-
 
 def _pick_three(trace: Trace, graph: int) -> list[tuple[int, int]]:
     """Three (stream, position) boundaries with small gaps on three different streams of ``graph``."""

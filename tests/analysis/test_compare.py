@@ -19,15 +19,6 @@ from helpers import KINETO, NATIVE, WIDEN_NS, half, only, synthetic_trace, widen
 
 
 
-@pytest.fixture(scope="module")
-def native():
-    return read_trace(NATIVE, progress=False)
-
-
-@pytest.fixture(scope="module")
-def kineto():
-    return read_trace(KINETO, progress=False)
-
 
 # ---------------------------------------------------------------------- the widening is flagged
 def test_widen_helper_adds_exactly_320ns_to_every_gap(native):

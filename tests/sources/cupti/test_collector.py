@@ -12,7 +12,7 @@ from graphmon.settings import CuptiSettings
 from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.cupti.registry import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
 
-from helpers import DATA
+from helpers import DATA, wait_until
 from fake_cupti import KERNEL10_BYTES, FakeCupti, FakeEvents, Kernel, decode_like
 
 MAIN, SIDE = 7, 8
@@ -54,13 +54,7 @@ def make(fake=None, **kw):
     return fake, src, windows
 
 
-def wait_for(pred, timeout=5.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return False
+wait_for = wait_until  # tests/helpers.py
 
 
 def per_stream_gaps(trace):

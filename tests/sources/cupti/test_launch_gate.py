@@ -12,6 +12,7 @@ from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.cupti.launches import LaunchGate
 from graphmon.sources.cupti.registry import GraphRegistry
 
+from helpers import wait_until
 from fake_cupti import FakeCupti, FakeEvents, decode_like
 
 MAIN = 7
@@ -25,13 +26,7 @@ def make(**kw):
     return fake, src, windows
 
 
-def wait_for(pred, timeout=5.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return True
-        time.sleep(0.002)
-    return False
+wait_for = wait_until  # tests/helpers.py
 
 
 def _capture(fake, src, windows, h, replays):
