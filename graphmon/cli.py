@@ -117,6 +117,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     """Run the decode-like A/B on the GPU (or redo the report from --from DIR) and write the report."""
     import os
 
+    if args.source_dir and not args.out:  # its ab.json/ab.txt/ab.png are often the committed report
+        raise CliError(f"--from {args.source_dir} needs --out DIR (the report would overwrite the one in "
+                       f"{args.source_dir}; give --out {args.source_dir} to do that on purpose)")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -128,7 +131,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     if args.source_dir:
         arms, meta = load_raw(args.source_dir)
-        out = args.out or args.source_dir
+        out = args.out
     else:
         from graphmon.gpu.ab_runner import cuda_problem
 
@@ -394,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=_cmd_compare)
 
     abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")
-    abp.add_argument("--out", metavar="DIR", help="write ab.json, ab.txt, ab.png and the raw data here (default .)")
-    abp.add_argument("--from", dest="source_dir", metavar="DIR", help="redo the report from a raw-data folder (no GPU)")
+    abp.add_argument("--out", metavar="DIR", help="write ab.json, ab.txt, ab.png and the raw data here (default .; required with --from)")
+    abp.add_argument("--from", dest="source_dir", metavar="DIR", help="redo the report from a raw-data folder (no GPU; needs --out)")
     abp.add_argument("--format", choices=("table", "json"), default="table")
     abp.add_argument("--baseline", choices=("uploaded", "lazy"), default="lazy", help="arm the other is compared to")
     abp.add_argument("--instances", type=int, default=8, help="graph instances captured per arm (default 8)")
