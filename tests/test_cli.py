@@ -239,3 +239,26 @@ def test_run_on_a_public_host_without_token_warns_like_serve(tmp_path):
                         "s3cret", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120,
                        env=env)
     assert r.returncode == 0 and "without GRAPHMON_TOKEN" not in r.stderr
+
+
+def test_analyze_json_is_compact_into_a_pipe_and_indented_on_a_terminal(capsys, monkeypatch):
+    doc = run_json(capsys, KINETO)  # capsys: stdout is not a TTY
+    assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("\n") == 1 and json.loads(text) == doc
+
+    class Tty:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, s):
+            self.parts.append(s)
+
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stdout", tty)
+    assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
+    text = "".join(tty.parts)
+    assert '\n  "graphs": [' in text and json.loads(text) == doc
