@@ -278,11 +278,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from graphmon.host.launch import cupti_problem, run_command
 
     argv = _command_argv(args)
-    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
-    problem = cupti_problem()
-    if problem:  # the agent still serves /metrics and /healthz: warn, do not refuse
-        print(f"graphmon: warning: {problem}; no kernel timings will be collected", file=sys.stderr)
-    return run_command(argv, _attach_settings(args))
+    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
+
+    def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
+        _warn_if_public(settings)
+        problem = cupti_problem()
+        if problem:  # the agent still serves /metrics and /healthz: warn, do not refuse
+            print(f"graphmon: warning: {problem}; no kernel timings will be collected", file=sys.stderr)
+
+    return run_command(argv, _attach_settings(args), ready=warn)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
