@@ -50,8 +50,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                     out["graphs"].append({**g, "source": d["source"]})
                 for k, v in d["invalid_records"].items():
                     out["invalid_records"][k] = out["invalid_records"].get(k, 0) + v
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        # Indented for a person at a terminal; compact into a pipe or file: indent=2 forces json's
+        # pure-Python encoder, ~5x slower (bench/analyze_json.py: seconds with 100k graphs).
+        tty = sys.stdout.isatty()
+        sys.stdout.write(json.dumps(out, indent=2 if tty else None, separators=None if tty else (",", ":")) + "\n")
     else:
         print("\n\n".join(format_table(d, by=args.by) for d in docs))
     if args.plot:
@@ -117,6 +119,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     """Run the decode-like A/B on the GPU (or redo the report from --from DIR) and write the report."""
     import os
 
+    if args.source_dir and not args.out:  # its ab.json/ab.txt/ab.png are often the committed report
+        raise CliError(f"--from {args.source_dir} needs --out DIR (the report would overwrite the one in "
+                       f"{args.source_dir}; give --out {args.source_dir} to do that on purpose)")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -128,7 +133,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     if args.source_dir:
         arms, meta = load_raw(args.source_dir)
-        out = args.out or args.source_dir
+        out = args.out
     else:
         from graphmon.gpu.ab_runner import cuda_problem
 
@@ -187,7 +192,7 @@ def _settings_from_args(args: argparse.Namespace):
 
     over = {k: v for k, v in {
         "host": args.host, "port": args.port, "token": args.token,
-        "window_interval_s": args.window_interval_s, "max_graphs": args.max_graphs, "max_streams": args.max_streams,
+        "window_interval_s": getattr(args, "window_interval_s", None), "max_graphs": args.max_graphs, "max_streams": args.max_streams,
         "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
     }.items() if v is not None}
     try:
@@ -195,6 +200,12 @@ def _settings_from_args(args: argparse.Namespace):
     except ValidationError as e:
         first = e.errors()[0]
         raise CliError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _warn_if_public(settings) -> None:
+    if settings.is_public and settings.token is None:
+        print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
+              "POST /capture and GET /trace are refused until a token is set", file=sys.stderr)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -223,9 +234,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sock = bind(settings.host, settings.port)
     except OSError as e:
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
-    if settings.is_public and settings.token is None:
-        print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
-              "POST /capture and GET /trace are refused until a token is set", file=sys.stderr)
+    _warn_if_public(settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     exporter = Exporter(source, settings)
     exporter.start()
@@ -266,23 +275,36 @@ def _command_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from graphmon.host.launch import run_command
+    from graphmon.host.launch import cupti_problem, run_command
 
-    return run_command(_command_argv(args), _attach_settings(args))
+    argv = _command_argv(args)
+    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
+
+    def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
+        _warn_if_public(settings)
+        problem = cupti_problem()
+        if problem:  # the agent still serves /metrics and /healthz: warn, do not refuse
+            print(f"graphmon: warning: {problem}; no kernel timings will be collected", file=sys.stderr)
+
+    return run_command(argv, _attach_settings(args), ready=warn)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from graphmon.host.launch import record_command
+    from graphmon.host.launch import cupti_problem, record_command
 
     if args.windows < 0:
         raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
-    return record_command(_command_argv(args), args.output, windows=args.windows, settings=_attach_settings(args))
+    argv = _command_argv(args)
+    problem = cupti_problem()
+    if problem:  # nothing could be recorded: say so before the command starts
+        raise CliError(problem)
+    return record_command(argv, args.output, windows=args.windows, settings=_attach_settings(args))
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
     from graphmon.host.launch import agent_command
 
-    _settings_from_args(args)  # bad flags: one error line, before anything starts
+    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
     return agent_command(_attach_settings(args), socket_path=args.socket)
 
 
@@ -327,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
     a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], raw CUPTI .npz, or Nsight Systems .sqlite export")
-    a.add_argument("--format", choices=("table", "json"), default="table")
+    a.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: indented on a terminal, compact on one line into a pipe or file (pipe to `jq .` to read)")
     a.add_argument("--by", choices=("graph", "stream", "boundary"), default="graph",
                    help="boundary: the widest kernel boundaries of each graph")
     a.add_argument("--top", type=int, default=10, help="boundaries listed per graph with --by boundary (default 10)")
@@ -345,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
 
-    rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)")
+    rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)",
+                        description="Without cupti-python, run warns and still serves health metrics "
+                        "(record refuses with exit 2: it could record nothing).")
     _add_attach_flags(rn)
     rn.set_defaults(func=_cmd_run)
 
@@ -355,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "temporary directory; use a shared volume for a sidecar)")
     ag.set_defaults(func=_cmd_agent, interval_s=None, window_launches=None, window_duration_ms=None,
                     window_interval_s=None, max_drain_ms=None, close=None)
-    rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file")
+    rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file",
+                        description="Needs cupti-python in graphmon's environment: without it, record exits 2 "
+                        "before starting the command.")
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
     _add_attach_flags(rc)
@@ -377,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=_cmd_compare)
 
     abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")
-    abp.add_argument("--out", metavar="DIR", help="write ab.json, ab.txt, ab.png and the raw data here (default .)")
-    abp.add_argument("--from", dest="source_dir", metavar="DIR", help="redo the report from a raw-data folder (no GPU)")
+    abp.add_argument("--out", metavar="DIR", help="write ab.json, ab.txt, ab.png and the raw data here (default .; required with --from)")
+    abp.add_argument("--from", dest="source_dir", metavar="DIR", help="redo the report from a raw-data folder (no GPU; needs --out)")
     abp.add_argument("--format", choices=("table", "json"), default="table")
     abp.add_argument("--baseline", choices=("uploaded", "lazy"), default="lazy", help="arm the other is compared to")
     abp.add_argument("--instances", type=int, default=8, help="graph instances captured per arm (default 8)")

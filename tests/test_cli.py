@@ -1,6 +1,7 @@
 """graphmon analyze end to end on the real H200 traces; errors are one line with exit code 2."""
 
 import gzip
+import os
 import json
 import re
 import subprocess
@@ -205,3 +206,59 @@ def test_busy_port_exits_2_with_one_line():
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("graphmon: error: cannot listen on"), r.stderr
+
+
+def test_record_without_cupti_is_one_error_line_before_the_command_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GRAPHMON_CUPTI_API", raising=False)
+    monkeypatch.setitem(sys.modules, "cupti", None)  # find_spec("cupti") -> None: not importable
+    marker, out = tmp_path / "started", tmp_path / "rec.graphmon.npz"
+    rc = main(["record", "-o", str(out), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("graphmon: error: cupti-python")
+    assert not marker.exists() and not out.exists()
+
+
+def test_run_without_cupti_warns_and_still_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GRAPHMON_CUPTI_API", raising=False)
+    monkeypatch.delenv("GRAPHMON_TOKEN", raising=False)
+    monkeypatch.setitem(sys.modules, "cupti", None)
+    rc = main(["run", "--port", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert [ln for ln in err.splitlines() if "warning" in ln and "cupti-python" in ln] != []
+
+
+def test_run_on_a_public_host_without_token_warns_like_serve(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHMON_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--host", "0.0.0.0", "--port", "0", "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "without GRAPHMON_TOKEN" in ln]
+    assert len(lines) == 1 and lines[0].startswith("graphmon: warning: listening on a non-loopback address")
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--host", "0.0.0.0", "--port", "0", "--token",
+                        "s3cret", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0 and "without GRAPHMON_TOKEN" not in r.stderr
+
+
+def test_analyze_json_is_compact_into_a_pipe_and_indented_on_a_terminal(capsys, monkeypatch):
+    doc = run_json(capsys, KINETO)  # capsys: stdout is not a TTY
+    assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("\n") == 1 and json.loads(text) == doc
+
+    class Tty:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, s):
+            self.parts.append(s)
+
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stdout", tty)
+    assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
+    text = "".join(tty.parts)
+    assert '\n  "graphs": [' in text and json.loads(text) == doc

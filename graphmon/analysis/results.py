@@ -25,7 +25,7 @@ class Replays:
     busy_ns: np.ndarray  # int64
     idle_ns: np.ndarray  # int64
     kernels: np.ndarray  # int64
-    launch_latency_ns: np.ndarray  # int64, -1 where unknown
+    launch_latency_ns: np.ndarray  # int64, NO_VALUE where unknown (a skewed clock can make it negative, even -1)
     inter_replay_gap_ns: np.ndarray  # int64, INT64_MIN where there is no previous replay
 
     def __len__(self) -> int:
@@ -157,7 +157,7 @@ def dense_ranks(values: np.ndarray) -> tuple[np.ndarray, int]:
 def _launch_info(trace: Trace, rdev, rcorr, first):
     """Launch latency and launch stream per replay, from the trace's launch rows."""
     nrep = len(rdev)
-    latency = np.full(nrep, -1, dtype=np.int64)
+    latency = np.full(nrep, NO_VALUE, dtype=np.int64)
     lstream = np.full(nrep, -1, dtype=np.int64)
     L = trace.launches
     if len(L["correlation_id"]) == 0:

@@ -371,11 +371,14 @@ class Aggregator:
         offs = np.r_[np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]), len(ks)]
         for kind, (fld, bounds) in REPLAY_KINDS.items():
             vals = getattr(r, fld)[o]
-            # -1 marks "no launch record" for launch latency (analysis.replays); NO_VALUE elsewhere
-            present = vals != (-1 if kind == "launch_latency" else NO_VALUE)
+            present = vals != NO_VALUE  # no launch record / no previous replay
             valid = present & (vals >= 0) & (vals <= MAX_VALUE_NS)
-            # launch latency < 0 (clock skew between CPU and GPU timestamps) was dropped silently
-            self._out_of_range(kind, int((present & ~valid).sum()))
+            if kind == "launch_latency":  # < 0: CPU and GPU clocks disagree; counted apart from absurd values
+                negative = int((present & (vals < 0)).sum())
+                self._out_of_range("negative_launch_latency", negative)
+                self._out_of_range(kind, int((present & ~valid).sum()) - negative)
+            else:
+                self._out_of_range(kind, int((present & ~valid).sum()))
             if not valid.any():
                 continue
             v, grp = vals[valid], ks[valid]

@@ -35,7 +35,7 @@ KNOWN_STAGES = (
     "stop_timeout", "stream_id", "tap",
 )
 STATES = ("starting", "running", "degraded", "blocked", "stopped", "error")
-VALUE_KINDS = ("gap", *REPLAY_KINDS)
+VALUE_KINDS = ("gap", *REPLAY_KINDS, "negative_launch_latency")
 GRAPH_LABELS = ["rank", "device", "graph", "upload_mode"]
 STREAM_LABELS = ["rank", "device", "graph", "stream", "upload_mode"]
 CARDINALITIES = ("full", "low")

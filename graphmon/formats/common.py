@@ -37,11 +37,20 @@ def one_line(msg: str, width: int = 400) -> str:
 
 
 def progress_bar(show: bool | float, total: int, desc: str):
-    """show: False never, True at once, a float: only after that many seconds."""
+    """show: False never, True at once (even into a log: the explicit opt-in), a float: only after
+    that many seconds and only on a terminal (a bar's carriage returns would clutter a log file)."""
     from tqdm import tqdm  # only when a file is read, so `import graphmon` stays light
 
     delay = 0.0 if show is True else float(show)
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=show is False, delay=delay, leave=False)
+    off = show is False or (show is not True and not _isatty(sys.stderr))
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=off, delay=delay, leave=False)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed stream
+        return False
 
 
 def clean_text(s: str) -> str:

@@ -92,6 +92,21 @@ class HookDir:
         shutil.rmtree(self.path, ignore_errors=True)  # removes the links, never what they point to
 
 
+def cupti_problem() -> Optional[str]:
+    """Why the hook's collector could not import cupti-python, or None.
+
+    The hook takes what the engine lacks from graphmon's own environment (``fallback/``, built from
+    COLLECTOR_DISTS), so cupti must be importable here. find_spec looks without importing (no CUDA
+    needed). The API seam (tests, simulators) replaces cupti-python altogether."""
+    import importlib.util
+
+    from graphmon.sources.cupti.api import API_ENV
+
+    if os.environ.get(API_ENV) or importlib.util.find_spec("cupti") is not None:
+        return None
+    return "cupti-python is not importable in graphmon's environment: pip install 'graphmon[cupti]'"
+
+
 def _split(settings: Optional[dict]) -> tuple[dict, dict]:
     s = dict(settings or {})
     return {k: s[k] for k in AGENT_KEYS if k in s}, {k: v for k, v in s.items() if k in source_keys()}

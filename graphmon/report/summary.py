@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphmon.analysis.replays import QUANTILES, Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
+from graphmon.analysis.replays import NO_VALUE, QUANTILES, Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
 
 SUMMARY_QS = QUANTILES  # p10, p50, p90, p99
 
@@ -53,8 +53,11 @@ def graphs_summary(a: Analysis, gap_quantiles: np.ndarray | None = None) -> list
             "idle_ns": _dist(r.idle_ns[rows]),
         }
         lat = r.launch_latency_ns[rows]
+        lat = lat[lat != NO_VALUE]
         if (lat >= 0).any():
             entry["launch_latency_ns"] = _dist(lat[lat >= 0])
+        if len(lat):  # negative: CPU and GPU clocks disagree; left out of the distribution, counted here
+            entry["negative_launch_latencies"] = int((lat < 0).sum())
         inter = r.inter_replay_gap_ns[rows]
         inter = inter[inter != np.iinfo(np.int64).min]
         if len(inter):

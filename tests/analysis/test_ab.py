@@ -140,3 +140,20 @@ def test_bad_arms_rejected():
         analyze_ab([ArmData("x", np.ones((2, 3)))])
     with pytest.raises(TraceError):
         analyze_ab([ArmData("x", np.ones((2, 3))), ArmData("x", np.ones((2, 3)))])
+
+
+def test_from_without_out_refuses_and_keeps_the_committed_report(kineto, tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(8)
+    arms = [ArmData(n, synthetic_steps(rng, 3, 20, 1500, 5, 2), None, arm_trace(kineto, g, n))
+            for n, g in (("lazy", "shapeA/no_upload"), ("uploaded", "shapeA/upload"))]
+    raw = tmp_path / "raw"
+    save_raw(arms, raw)
+    (raw / "ab.json").write_text("committed")
+    monkeypatch.chdir(tmp_path)
+    assert main(["ab", "--from", str(raw)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphmon: error:") and "--out" in err[0]
+    assert (raw / "ab.json").read_text() == "committed" and not (raw / "ab.png").exists()
+    # asked for explicitly, the report goes into the raw folder
+    assert main(["ab", "--from", str(raw), "--out", str(raw)]) == 0
+    assert (raw / "ab.json").read_text() != "committed"

@@ -193,3 +193,24 @@ def test_per_replay_gaps_are_the_gaps_of_analyze(raw):
         got.setdefault((int(rsg.device[r]), int(rsg.graph[r]), int(rsg.stream[r])), []).append(v)
     assert {k: sorted(v) for k, v in got.items()} == want
     assert np.array_equal(np.bincount(row, minlength=len(rsg)), rsg.gap_count)
+
+
+def skewed_launch_trace():
+    """Four replays: launch latency 50, -1 and -30 ns (CPU clock ahead of the GPU's) and one unknown."""
+    graphs = [GraphInfo(key="g1", graph_id=1, upload_mode="uploaded")]
+    launches = {"correlation_id": [7, 8, 9], "graph": [0, 0, 0], "launch_ns": [50, 401, 630], "stream": [5, 5, 5]}
+    rows = [(100, 200, 1, 7, 1), (220, 300, 2, 7, 1), (400, 500, 1, 8, 1), (600, 700, 1, 9, 1), (800, 900, 1, 10, 1)]
+    return build(rows, launches=launches, graphs=graphs)
+
+
+def test_negative_launch_latencies_are_kept_apart_from_unknown():
+    a = analyze(skewed_launch_trace())
+    # old code: -1 meant "unknown", so a real latency of -1 ns was indistinguishable from no launch record
+    assert a.replays.launch_latency_ns.tolist() == [50, -1, -30, NO_VALUE]
+
+
+def test_analyze_json_counts_negative_launch_latencies():
+    from graphmon.report.summary import graphs_summary
+
+    (g,) = graphs_summary(analyze(skewed_launch_trace()))
+    assert g["negative_launch_latencies"] == 2 and g["launch_latency_ns"]["count"] == 1

@@ -239,3 +239,22 @@ def test_negative_invalid_counts_are_refused_not_subtracted():
     agg.ingest(window(replace(synthetic_trace(), invalid={"duplicate": -13000})))
     s = agg.snapshot()
     assert s.records_invalid_total.get("duplicate", 0) == 0 and s.errors_total["analysis"] == 1
+
+
+def test_negative_launch_latencies_are_counted_apart():
+    from graphmon.model.trace import GraphInfo, Trace
+
+    # launch latencies 50, -1, -30 ns (CPU clock ahead of the GPU's) and one replay without a launch record
+    rows = np.array([(100, 200, 1, 7), (220, 300, 2, 7), (400, 500, 1, 8), (600, 700, 1, 9), (800, 900, 1, 10)])
+    t = Trace.build(start_ns=rows[:, 0], end_ns=rows[:, 1], stream=rows[:, 2], correlation_id=rows[:, 3],
+                    graph_id=np.ones(5, dtype=np.int64), graphs=[GraphInfo(key="g1", graph_id=1)],
+                    launches={"correlation_id": [7, 8, 9], "graph": [0, 0, 0], "launch_ns": [50, 401, 630],
+                              "stream": [5, 5, 5]})
+    agg = Aggregator()
+    agg.ingest(window(t))
+    s = agg.snapshot()
+    (kinds,) = s.replay_hist.values()
+    assert kinds["launch_latency"].count == 1 and kinds["launch_latency"].sum_ns == 50
+    # old code: -1 was taken for "no launch record" and dropped uncounted; -30 went under "launch_latency"
+    assert s.values_out_of_range_total["negative_launch_latency"] == 2
+    assert s.values_out_of_range_total.get("launch_latency", 0) == 0
