@@ -491,17 +491,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="fail if the committed JSON is not what this generates")
     ap.add_argument("--out", type=Path, default=HERE, help="output folder (default: dashboards/)")
     args = ap.parse_args(argv)
+    texts = {name: render(model) for name, model in build().items()}
+    return write_or_check(texts, args.out, args.check, "python dashboards/generate.py")
+
+
+def write_or_check(texts: dict[str, str], out: Path, check: bool, regen: str) -> int:
+    """Write each generated file into ``out``; with ``check``, write nothing and fail (1) when a
+    committed file differs. docker/k8s/generate.py shares it."""
     stale = []
-    for name, model in build().items():
-        path = args.out / name
-        text = render(model)
-        if args.check:
+    for name, text in texts.items():
+        path = out / name
+        if check:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
         else:
             path.write_text(text)
     if stale:
-        print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
+        print(f"out of date: {', '.join(stale)}; run {regen}", file=sys.stderr)
         return 1
     return 0
 

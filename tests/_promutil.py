@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -126,3 +127,11 @@ def family_of(sample_name: str) -> str:
 def load_alert_rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load(ALERTS.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def load_script(path: Path, name: str):
+    """A generator script (dashboards/generate.py, docker/k8s/generate.py) loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

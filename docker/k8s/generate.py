@@ -44,11 +44,16 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # Ku
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
-def _dashboards() -> dict[str, dict[str, Any]]:
+def _dashboards_generator():
+    # dashboards/generate.py is a script, not a package module: load it by path
     spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.build()
+    return mod
+
+
+def _dashboards() -> dict[str, dict[str, Any]]:
+    return _dashboards_generator().build()
 
 
 def podmonitor(selector: dict[str, str]) -> dict[str, Any]:
@@ -199,18 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE, help="output folder (default: docker/k8s/)")
     args = ap.parse_args(argv)
     selector = args.selector_label or _label_or_exit(ap, f"release={args.release}")
-    stale = []
-    for name, text in build(selector, args.dashboard_label, args.image, args.engine_image).items():
-        path = args.out / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"out of date: {', '.join(stale)}; run python docker/k8s/generate.py", file=sys.stderr)
-        return 1
-    return 0
+    texts = build(selector, args.dashboard_label, args.image, args.engine_image)
+    return _dashboards_generator().write_or_check(texts, args.out, args.check, "python docker/k8s/generate.py")
 
 
 def _label_or_exit(ap: argparse.ArgumentParser, text: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ Whether every query returns data against a live graphmon is tests/test_prometheu
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
@@ -17,6 +16,7 @@ from _promutil import (
     expand,
     iter_panels,
     load_dashboards,
+    load_script,
     panel_targets,
     promtool,
     referenced_metrics,
@@ -24,14 +24,7 @@ from _promutil import (
 )
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-GEN = _generator()
+GEN = load_script(DASHBOARDS / "generate.py", "dashboards_generate")
 MODELS = load_dashboards()
 
 

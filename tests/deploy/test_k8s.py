@@ -8,7 +8,6 @@ and that the wiring agrees: PodMonitor selector vs pod labels, port names, the s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,19 +15,12 @@ import sys
 import pytest
 import yaml
 
-from _promutil import ALERTS, ROOT, load_dashboards, promtool
+from _promutil import ALERTS, ROOT, load_dashboards, load_script, promtool
 
 K8S = ROOT / "docker" / "k8s"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("k8s_generate", K8S / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-GEN = _generator()
+GEN = load_script(K8S / "generate.py", "k8s_generate")
 
 
 def _docs(name: str) -> list[dict]:
