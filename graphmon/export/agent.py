@@ -79,6 +79,8 @@ class Agent:
         self.lost_total = 0
         self.empty_total = {r: {} for r in EMPTY_REASONS}  # reason -> rank -> count
         self.errors: dict[str, int] = {}
+        # process key -> (snapshot, its /status graphs): formatted once per snapshot, not per request
+        self._graphs: dict[str, tuple[Snapshot, list]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changed = threading.Event()
@@ -190,6 +192,7 @@ class Agent:
             if a.gone_s is not None:
                 if now - a.gone_s > self.keep_gone_s:
                     self.processes.pop(key, None)
+                    self._graphs.pop(key, None)
                 continue
             if now - p.last_heard_s > self.heartbeat_lost_s:
                 p.closed_reason = f"no heartbeat for {now - p.last_heard_s:.1f} s"
@@ -260,6 +263,12 @@ class Agent:
                 best = (s.last_window_s or 0.0, w if w.startswith("c") else f"{a.key}-{w}")
         return best[1]
 
+    def _status_graphs(self, key: str, s: Snapshot) -> list:
+        hit = self._graphs.get(key)
+        if hit is None or hit[0] is not s:
+            hit = self._graphs[key] = (s, snapshot_graphs(s))
+        return hit[1]
+
     def process_status(self) -> list[dict]:
         """/status's list of processes: rank, device, pid, state and last window age."""
         now = time.time()
@@ -272,7 +281,7 @@ class Agent:
                         "windows_total": s.windows_total, "records_total": s.records_total,
                         "empty_windows": a.proc.empty_windows,
                         "windows": [f"{a.key}-{w}" if not w.startswith("c") else w for w in s.windows],
-                        "link": dict(a.proc.status.get("link") or {}), "graphs": snapshot_graphs(s)})
+                        "link": dict(a.proc.status.get("link") or {}), "graphs": self._status_graphs(a.key, s)})
         return out
 
     def state_counts(self) -> dict[str, int]:
