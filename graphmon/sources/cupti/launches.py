@@ -90,7 +90,8 @@ class LaunchGate:
     The collector turns the launch callbacks off from its own thread while a host thread may be
     inside cuGraphLaunch (between its enter and exit callbacks: a first launch that uploads, a
     launch blocked on a full queue, a serving loop that never pauses). The exit callback of that
-    launch is then never delivered. Suspected on the H200 (tests/gpu/test_live_cupti.py): after
+    launch is then never delivered. Seen on the H200 (tests/gpu/test_live_cupti.py; confirmed by
+    A/B with ``launch_gate`` off: repeated_corr 112, bench/results/gpu-check-4/README.md): after
     such a split every later launch of the process carried one early correlation id (8 or 9),
     in graphmon's windows and in torch.profiler's own session after detach (duplicate flow ids:
     Kineto's ``inserted.second`` assert). So an ``off`` waits (returns False, the caller retries
