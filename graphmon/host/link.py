@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from graphmon.model.window import CaptureRequest, Window
+from graphmon.model.window import CaptureRequest, Window, WindowRecords
 
 log = logging.getLogger("graphmon.link")
 AGENT_ENV = "GRAPHMON_AGENT"
@@ -156,7 +156,7 @@ class Link:
             self._thread = threading.Thread(target=self._run, name="graphmon-link", daemon=True)
             self._thread.start()
 
-    def send_window(self, w: Window, status: Optional[dict] = None) -> None:
+    def send_window(self, w: Window | WindowRecords, status: Optional[dict] = None) -> None:
         from graphmon.model.wire import encode_window
 
         data = encode_window(w, status=status)
@@ -301,6 +301,7 @@ class LightCollector:
         if settings is None:
             settings = CuptiSettings(**source_kwargs)
         self.source = CuptiSource(cupti=cupti, settings=settings)
+        self.source.records_sink = True  # ship records unfiltered: the agent filters and validates
         self.interval_s = float(settings.interval_s)
         self.first_window_s = float(settings.first_window_s)
         self.windows = 0
@@ -326,9 +327,9 @@ class LightCollector:
     def _stop_async(self) -> None:
         threading.Thread(target=self.source.stop, name="graphmon-stop", daemon=True).start()
 
-    def _on_window(self, w: Window) -> None:
+    def _on_window(self, w: WindowRecords) -> None:
         self.windows += 1
-        if len(w.trace) == 0 and w.trace.n_launches > 0:
+        if len(w) == 0 and w.n_launches > 0:  # graph launches traced, not one kernel record came back
             self.empty_windows += 1
         self.link.send_window(w, status=self._status())
 

@@ -7,9 +7,11 @@ methods that touch a source, so the model imports nothing but the trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
 
-from graphmon.model.trace import Trace
+import numpy as np
+
+from graphmon.model.trace import GraphInfo, Trace
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,32 @@ class Window:
     dropped: int = 0  # records the source lost (e.g. CUPTI's dropped-record count)
     observer_slowdown: Optional[float] = None  # in-window / out-of-window replay time, if measured
     capture_id: Optional[str] = None  # set when the window answers a CaptureRequest
+
+
+@dataclass(frozen=True)
+class WindowRecords:
+    """A window's kernel records as a collector decoded them, before window-edge filtering and
+    validation (model/edges.assemble makes the Window). A light collector ships this: the
+    filtering runs in the agent, not on the serving process's GIL."""
+
+    kernels: Mapping[str, np.ndarray]  # trace.KERNEL_COLUMNS, unfiltered
+    launches: Mapping[str, np.ndarray]  # trace.LAUNCH_COLUMNS ("graph" indexes graphs)
+    names: list[str]
+    graphs: list[GraphInfo]
+    started_s: float
+    ended_s: float
+    dropped: int = 0
+    observer_slowdown: Optional[float] = None
+    capture_id: Optional[str] = None
+    invalid: Mapping[str, int] = field(default_factory=dict)  # excluded before shipping (counted)
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.kernels["start_ns"])
+
+    @property
+    def n_launches(self) -> int:
+        return len(self.launches["correlation_id"])
 
 
 @dataclass(frozen=True)

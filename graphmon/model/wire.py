@@ -9,7 +9,8 @@ rows) whose little-endian bytes follow back to back. No pickle: the agent only e
 and copies bytes into numpy arrays of dtypes it chose itself, so a sender cannot make the agent
 execute anything. :func:`decode_window` checks every size, shape and dtype and rebuilds the
 Trace through ``Trace.build`` (which validates records and indices again): the agent never
-trusts a sender.
+trusts a sender. A light collector sends its records unfiltered (``"filtered": false``): the
+window-edge filtering runs here, in the agent, not on the serving process's GIL.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from graphmon.model.edges import assemble
 from graphmon.model.trace import KERNEL_COLUMNS, LAUNCH_COLUMNS, GraphInfo, Trace, TraceError
-from graphmon.model.window import Window
+from graphmon.model.window import Window, WindowRecords
 
 WIRE_VERSION = 1
 _LEN = struct.Struct("<II")  # frame length (after these 4 bytes), header length
@@ -55,21 +57,28 @@ def encode_message(kind: str, **fields: Any) -> bytes:
     return frame({"type": kind, "v": WIRE_VERSION, **fields})
 
 
-def encode_window(w: Window, status: Optional[Mapping[str, Any]] = None) -> bytes:
+def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]] = None) -> bytes:
     """A window as one frame. Copies each column once (tobytes); no Python object per record.
-    ``status``: the sender's state at this window (small JSON), so the two arrive together."""
-    t = w.trace
+    ``status``: the sender's state at this window (small JSON), so the two arrive together.
+    WindowRecords (a light collector's unfiltered records) travel as they are, marked
+    ``"filtered": false``: the receiver runs the window-edge filtering (model/edges.assemble)."""
+    if isinstance(w, WindowRecords):
+        kernels, launches, filtered = w.kernels, w.launches, False
+        names, labels, graphs, invalid, meta = w.names, (), w.graphs, w.invalid, w.meta
+    else:
+        t = w.trace
+        kernels, launches, filtered = {k: getattr(t, k) for k in KERNEL_COLUMNS}, t.launches, True
+        names, labels, graphs, invalid, meta = t.names, t.labels, t.graphs, t.invalid, t.meta
     cols, bufs = [], []
     for part, name, dt in _COLS:
-        a = getattr(t, name) if part == "k" else t.launches[name]
-        a = np.ascontiguousarray(a, dtype=dt)
+        a = np.ascontiguousarray((kernels if part == "k" else launches)[name], dtype=dt)
         cols.append([part, name, len(a)])
         bufs.append(a.tobytes())
     header = {
-        "type": "window", "v": WIRE_VERSION, "columns": cols,
-        "names": list(t.names), "labels": list(t.labels), "graphs": [asdict(g) for g in t.graphs],
-        "invalid": {str(k): int(v) for k, v in t.invalid.items()},
-        "meta": {str(k): v for k, v in t.meta.items() if isinstance(v, (str, int, float, bool, type(None)))},
+        "type": "window", "v": WIRE_VERSION, "columns": cols, "filtered": filtered,
+        "names": list(names), "labels": list(labels), "graphs": [asdict(g) for g in graphs],
+        "invalid": {str(k): int(v) for k, v in invalid.items()},
+        "meta": {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))},
         "started_s": float(w.started_s), "ended_s": float(w.ended_s), "dropped": int(w.dropped),
         "observer_slowdown": w.observer_slowdown, "capture_id": w.capture_id,
     }
@@ -168,20 +177,29 @@ def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
     cid = header.get("capture_id")
     if cid is not None and (not isinstance(cid, str) or len(cid) > 64):
         raise WireError("capture_id must be a short string")
+    filtered = header.get("filtered", True)
+    if not isinstance(filtered, bool):
+        raise WireError("filtered must be true or false")
+    names = _strings(header.get("names"), "names")
+    labels = _strings(header.get("labels"), "labels")
+    graphs = [_graph(g) for g in graphs_raw]
+    started_s = _number(header.get("started_s"), "started_s")
+    ended_s = _number(header.get("ended_s"), "ended_s")
+    slowdown = _number(header.get("observer_slowdown"), "observer_slowdown", optional=True)
+    kernels = {name: arrays[("k", name)] for name in KERNEL_COLUMNS}
+    launches = {name: arrays[("l", name)] for name in LAUNCH_COLUMNS}
     try:
-        trace = Trace.build(
-            **{name: arrays[("k", name)] for name in KERNEL_COLUMNS},
-            names=_strings(header.get("names"), "names"),
-            labels=_strings(header.get("labels"), "labels"),
-            graphs=[_graph(g) for g in graphs_raw],
-            launches={name: arrays[("l", name)] for name in LAUNCH_COLUMNS},
-            invalid=invalid, meta=meta,
-        )
-    except TraceError as e:
+        if not filtered:  # a light collector's records: filtered here, off the serving process
+            if labels:
+                raise WireError("unfiltered windows carry no labels")
+            return assemble(WindowRecords(kernels=kernels, launches=launches, names=names, graphs=graphs,
+                                          started_s=started_s, ended_s=ended_s, dropped=dropped,
+                                          observer_slowdown=slowdown, capture_id=cid, invalid=invalid, meta=meta))
+        trace = Trace.build(**kernels, names=names, labels=labels, graphs=graphs, launches=launches,
+                            invalid=invalid, meta=meta)
+    except (ValueError, IndexError) as e:  # TraceError is a ValueError
         raise WireError(f"window trace rejected: {e}") from None
-    return Window(trace=trace, started_s=_number(header.get("started_s"), "started_s"),
-                  ended_s=_number(header.get("ended_s"), "ended_s"), dropped=dropped,
-                  observer_slowdown=_number(header.get("observer_slowdown"), "observer_slowdown", optional=True),
+    return Window(trace=trace, started_s=started_s, ended_s=ended_s, dropped=dropped, observer_slowdown=slowdown,
                   capture_id=cid)
 
 

@@ -106,3 +106,44 @@ def test_empty_window_round_trips():
     back = _decode(encode_window(Window(trace=t, started_s=1.0, ended_s=2.0)))
     assert len(back.trace) == 0 and back.trace.n_launches == 1
     assert json.loads(json.dumps(split_frame(encode_window(Window(trace=t, started_s=1.0, ended_s=2.0))[4:])[0]))
+
+
+def _records():
+    """Unfiltered records of a window: launch 11 complete (3 kernels), launch 12 cut (1 kernel,
+    ran out of the window), launch 10 launched before the window opened (not in the launches)."""
+    from graphmon.model.window import WindowRecords
+
+    corr = np.array([10, 11, 11, 11, 12])
+    n = len(corr)
+    kernels = {"start_ns": np.arange(1, n + 1) * 1000, "end_ns": np.arange(1, n + 1) * 1000 + 500,
+               "device": np.zeros(n, np.int32), "stream": np.full(n, 7), "graph_id": np.full(n, 3),
+               "graph_node_id": np.array([3, 1, 2, 3, 1]), "correlation_id": corr, "name_id": np.zeros(n, np.int32)}
+    launches = {"correlation_id": np.array([11, 12]), "device": np.zeros(2, np.int32), "graph": np.zeros(2, np.int32),
+                "launch_ns": np.array([900, 3900]), "stream": np.full(2, 7), "label": np.full(2, -1, np.int32)}
+    return WindowRecords(kernels=kernels, launches=launches, names=["k0"], graphs=_window().trace.graphs,
+                         started_s=100.0, ended_s=101.5, dropped=2, observer_slowdown=1.05, capture_id=None,
+                         invalid={"no_correlation": 1})
+
+
+def test_unfiltered_records_are_filtered_by_the_receiver():
+    """A light collector ships records as decoded; the agent's decode runs the window-edge filter:
+    the same Window as assembling them in the process, edge replays counted, not kept."""
+    from graphmon.model.edges import assemble
+
+    r = _records()
+    header, _ = split_frame(encode_window(r)[4:])
+    assert header["filtered"] is False
+    back, local = _decode(encode_window(r)), assemble(r)
+    np.testing.assert_array_equal(back.trace.correlation_id, [11, 11, 11])
+    for col in ("start_ns", "end_ns", "stream", "correlation_id", "graph_node_id", "graph"):
+        np.testing.assert_array_equal(getattr(back.trace, col), getattr(local.trace, col))
+    assert dict(back.trace.invalid) == dict(local.trace.invalid) == {
+        "no_correlation": 1, "launched_outside_window": 1, "partial_replay": 1}
+    assert (back.dropped, back.observer_slowdown, back.trace.n_launches) == (2, 1.05, 2)
+
+
+@pytest.mark.parametrize("change, msg", [({"filtered": "no"}, "filtered must be"), ({"labels": ["x"]}, "no labels")])
+def test_unfiltered_frames_are_checked(change, msg):
+    header, payload = split_frame(encode_window(_records())[4:])
+    with pytest.raises(WireError, match=msg):
+        _decode(frame({**header, **change}, bytes(payload)))

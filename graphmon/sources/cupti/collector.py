@@ -27,10 +27,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from graphmon.model.edges import assemble
 from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
-from graphmon.sources.cupti.assemble import build_trace
+from graphmon.sources.cupti.assemble import raw_columns, window_records
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
@@ -53,6 +54,9 @@ class CuptiSource(Source):
         self.registry = registry if registry is not None else REGISTRY
         self.observer = s.observer
         self.last_raw: Optional[dict[str, Any]] = None  # settings.keep_raw: the last window's unfiltered records
+        # True: the sink gets WindowRecords, unfiltered (a light collector ships them to the agent,
+        # which assembles the Window); False: the sink gets the assembled Window
+        self.records_sink = False
         self._cupti_python: Optional[str] = None
 
         self._sink: Optional[Sink] = None
@@ -79,18 +83,22 @@ class CuptiSource(Source):
         self._store = RecordStore(s.max_window_records)
         self._names: Optional[NameTable] = None
         self._store_names: list = []  # name ids of the stored records, per buffer
-        self._ingest_s = 0.0
+        self._ingest_s = 0.0  # wall time decoding (includes waits for the host's GIL)
+        self._ingest_cpu_s = 0.0  # this thread's CPU time decoding: graphmon's own cost
         self._ingest_records = 0
+        self._piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
 
         self.stats: dict[str, float] = dict.fromkeys((
-            "windows", "records", "dropped", "discarded", "ingest_records_per_s", "last_window_ms", "last_flush_ms",
+            "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
+            "decode_cpu_max_ms", "last_window_ms", "last_flush_ms",
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
             "launch_cb_reenabled", "repeated_correlation"), 0)
         self.last_window: Optional[Window] = None
         self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
-        # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink), decode_ms
-        self.phase_log: deque[dict[str, float]] = deque(maxlen=256)
-        self._phases: dict[str, float] = {}
+        # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink),
+        # decode_ms / decode_cpu_ms (wall / this thread's CPU), and "cpu": thread_time() at the same marks
+        self.phase_log: deque[dict[str, Any]] = deque(maxlen=256)
+        self._phases: dict[str, Any] = {}
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
@@ -243,7 +251,9 @@ class CuptiSource(Source):
             if req.replays and req.replays > self._win.capacity:
                 self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
         timer = self._timer if self.observer == "events" else None
-        ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3}  # see phase_log
+        ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
+                             "decode_cpu_ms": -self._ingest_cpu_s * 1e3,
+                             "cpu": {"t0": time.thread_time()}}
         # reference phase: launches timed with events, tracing off; a sampling window's size, never a
         # capture's duration (it would take the capture's launches and events, leaving the window none)
         self._ref.reset(0)
@@ -255,7 +265,7 @@ class CuptiSource(Source):
             if self._stop.is_set():
                 self._ring = None
                 return
-        ph["ref"] = time.perf_counter()
+        self._mark("ref")
 
         self._ring = None  # while switching phases a launch is neither timed nor kept
         self._ingest()  # leftovers of an earlier window: not this window's
@@ -270,7 +280,7 @@ class CuptiSource(Source):
         self._ring = self._win  # before in_window: a caller that waits for it launches into the ring
         self._in_window = True  # after enabling: every launch the window takes is traced
         self._wait_phase(self._win, dur_ms)
-        ph["window"] = time.perf_counter()
+        self._mark("window")
         # Launches already made may still be queued on the GPU: keep tracing until they ran
         self._closing = True  # (launches from now on are left out of the window)
         if s.close == "disable_first":
@@ -281,9 +291,9 @@ class CuptiSource(Source):
         else:
             drained = not self._stop.is_set() and self._drain()
             self._disable_tracing()
-        ph["drain"] = time.perf_counter()
+        self._mark("drain")
         flush_ms = self._flush(drained)
-        ph["flush"] = time.perf_counter()
+        self._mark("flush")
         self._closing = False
         self._ring = None
         ended = wall_time()
@@ -293,43 +303,71 @@ class CuptiSource(Source):
     def _deliver(self, req, started: float, ended: float, window_ms: float, flush_ms: float, timer) -> None:
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
-        cols = self._store.take(pause=lambda: time.sleep(0))
+        cols = self._store.take(pause=self._yield)
         name_id = np.concatenate(self._store_names) if self._store_names else np.zeros(0, np.int32)
         self._store_names = []
-        self._phases["collect"] = time.perf_counter()  # event timing collected
-        trace, raw = build_trace(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
-                                 capture_id=req.id if req is not None else None, keep_raw=self.settings.keep_raw)
-        if raw is not None:
-            self.last_raw = raw
-        st, ds = self.stats, self._decoder.stats
+        self._mark("collect")  # event timing collected
         discarded = self._store.discarded
+        rec = window_records(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
+                             started_s=started, ended_s=ended, dropped=dropped + discarded, observer_slowdown=slowdown,
+                             capture_id=req.id if req is not None else None)
+        if self.settings.keep_raw:
+            self.last_raw = raw_columns(rec)
+        st, ds = self.stats, self._decoder.stats
         st["windows"] += 1
-        st["records"] += len(trace)
+        st["records"] += len(rec)
         st["dropped"] += dropped
         st["discarded"] += discarded
         g = self._gate  # launch-callback switching (LaunchGate): offs put off, enters that found them off
         st.update(last_window_ms=window_ms, last_flush_ms=flush_ms, decode_fallback_buffers=ds.fallback_buffers,
                   other_kind_records=ds.other_kind_records, record_bytes=self._decoder.record_bytes,
                   launch_cb_deferred=g.deferred, launch_cb_reenabled=g.reenabled, repeated_correlation=g.repeated_corr)
+        if self._ingest_cpu_s > 0:  # records per second of the collector's CPU (its wall time: _wall)
+            st["ingest_records_per_s"] = self._ingest_records / self._ingest_cpu_s
         if self._ingest_s > 0:
-            st["ingest_records_per_s"] = self._ingest_records / self._ingest_s
-        self._phases["build"] = time.perf_counter()
-        w = Window(trace=trace, started_s=started, ended_s=ended, dropped=dropped + discarded,
-                   observer_slowdown=slowdown, capture_id=req.id if req is not None else None)
-        self.last_window = w
+            st["ingest_records_per_s_wall"] = self._ingest_records / self._ingest_s
+        st["decode_cpu_max_ms"] = self._piece_cpu_max_s * 1e3
+        self._piece_cpu_max_s = 0.0
         self._sync_launch_cb()
-        for tap in list(self.taps):
+        # A light collector's sink takes the records as they are: the agent filters and
+        # validates them (model/edges.assemble), so the serving process's GIL never does.
+        w = None
+        if not self.records_sink or self.taps:
+            self._yield()
             try:
-                tap(w)
+                w = assemble(rec)
             except Exception:
-                self.count_error("tap")
-        if self._sink is not None:
+                self.count_error("assemble")
+        self._mark("build")
+        if w is not None:
+            self.last_window = w
+            for tap in list(self.taps):
+                try:
+                    tap(w)
+                except Exception:
+                    self.count_error("tap")
+        if self._sink is not None and (self.records_sink or w is not None):
             try:
-                self._sink(w)
+                self._sink(rec if self.records_sink else w)
             except Exception:
                 self.count_error("sink")
-        self._phases.update(sink=time.perf_counter(), decode_ms=self._phases["decode_ms"] + self._ingest_s * 1e3)
+        self._mark("sink")
+        self._phases["decode_ms"] += self._ingest_s * 1e3
+        self._phases["decode_cpu_ms"] += self._ingest_cpu_s * 1e3
         self.phase_log.append(self._phases)
+
+    def _yield(self) -> None:
+        """Between two pieces of the collector's work: sleep, so that a host thread waiting for
+        the GIL takes it. time.sleep(0) hands the GIL back only if the waiter wins the race to
+        it, which the thread that just released it usually does: the host then waits for
+        Python's switch interval (5 ms) instead of one piece (< 0.4 ms)."""
+        time.sleep(self.settings.yield_ms / 1e3)
+
+    def _mark(self, phase: str) -> None:
+        """End of a window phase: wall time, and this thread's CPU time (what graphmon itself
+        spent: the GIL it can have held; the wall time also holds waits for the host's GIL)."""
+        self._phases[phase] = time.perf_counter()
+        self._phases["cpu"][phase] = time.thread_time()
 
     def _wait_phase(self, ring: LaunchRing, dur_ms: float) -> None:
         deadline = time.perf_counter() + dur_ms / 1e3
@@ -413,7 +451,7 @@ class CuptiSource(Source):
             buf = api.completed_buffer()
             if buf is None:
                 return
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 cols = self._decoder.decode(buf.data)
                 n0 = self._store.n_records
@@ -427,7 +465,10 @@ class CuptiSource(Source):
             finally:
                 api.release_buffer(buf.key)
             self._ingest_s += time.perf_counter() - t0
-            time.sleep(0)  # let the host's threads take the GIL between buffers
+            c = time.thread_time() - c0
+            self._ingest_cpu_s += c
+            self._piece_cpu_max_s = max(self._piece_cpu_max_s, c)
+            self._yield()  # the host's threads take the GIL between buffers
 
     def _dropped(self) -> int:
         try:

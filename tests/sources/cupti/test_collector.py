@@ -617,3 +617,47 @@ def test_a_graph_never_launched_does_not_keep_launch_callbacks_on():
     src.stop()
     assert src.registry.get(unused).upload_mode == "unknown"  # its first launch was not seen
     assert src.registry.pending_first_launch == 0
+
+
+def test_records_sink_ships_unfiltered_records_and_never_assembles(monkeypatch):
+    """A light collector's source (records_sink) hands its sink WindowRecords as decoded and
+    spends nothing on window-edge filtering or Trace.build: the agent does that. Assembling the
+    records later gives the window the in-process path gives (same filtering)."""
+    import graphmon.sources.cupti.collector as collector
+    from graphmon.model.edges import assemble
+    from graphmon.model.window import WindowRecords
+
+    def no(*a, **k):
+        raise AssertionError("assembled in the serving process")
+
+    monkeypatch.setattr(collector, "assemble", no)
+    fake, src, got = make()
+    src.records_sink = True
+    src.start(got.append)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    fake.upload(h, MAIN)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(got) >= 2)
+    src.stop()
+    assert all(isinstance(r, WindowRecords) for r in got) and src.health().errors.get("assemble", 0) == 0
+    r = got[1]
+    assert len(r) >= 12 * 6 and r.n_launches == 6  # unfiltered: launches traced after the 6th too
+    w = assemble(r)
+    assert len(w.trace) == 12 * 6 and per_stream_gaps(w.trace) == {MAIN: {400, 416}, SIDE: {600}}
+    assert set(w.trace.invalid) <= {"launched_outside_window"}
+    assert len(r) - len(w.trace) == sum(w.trace.invalid.values())  # every record kept or counted
+
+
+def test_taps_still_get_assembled_windows_with_a_records_sink():
+    from graphmon.model.window import Window, WindowRecords
+
+    fake, src, got = make()
+    taps = []
+    src.records_sink = True
+    src.taps.append(taps.append)
+    src.start(got.append)
+    h = fake.instantiate(decode_like(2, MAIN, SIDE))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(taps) >= 1 and len(got) >= 1)
+    src.stop()
+    assert isinstance(got[0], WindowRecords) and isinstance(taps[0], Window) and len(taps[0].trace) == 6 * 6

@@ -1,10 +1,11 @@
-"""Window-edge filtering of CUPTI windows (sources/cupti/assemble.py)."""
+"""Window-edge filtering of collector windows (model/edges.py)."""
 
 import os
 
 import numpy as np
+import pytest
 
-from graphmon.sources.cupti.assemble import complete_replays
+from graphmon.model.edges import _pair_runs, complete_replays
 
 from helpers import DATA
 
@@ -80,3 +81,15 @@ def test_launches_merged_under_one_correlation_id_are_excluded():
     # a graph whose loop body runs twice (a conditional node) is one replay: not every node repeats
     keep, inv = complete_replays(np.full(5, 5), np.full(5, 4), np.array([4]), node=np.array([1, 2, 2, 3, 3]))
     assert keep.all() and inv == {}
+
+
+@pytest.mark.parametrize("node_span", [50, 2**40, 2**62])  # radix key, and the lexsort fallback (spans too wide)
+def test_pair_runs_match_unique_rows(node_span):
+    """_pair_runs is np.unique over (correlation, node) rows with counts, in the same order."""
+    rng = np.random.default_rng(node_span % 97)
+    a = rng.integers(100, 140, 3000)
+    b = rng.integers(1, 6, 3000) * (node_span // 8) + rng.integers(0, 4, 3000)
+    pair_a, mult = _pair_runs(a, b)
+    rows, want = np.unique(np.stack([a, b], 1), axis=0, return_counts=True)
+    np.testing.assert_array_equal(pair_a, rows[:, 0])
+    np.testing.assert_array_equal(mult, want)
