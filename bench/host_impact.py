@@ -17,14 +17,20 @@ light collector that ships windows to a `graphmon agent` process: the production
     marked static outside the compiled region). One host timestamp per generated token from a
     LogitsProcessor (it only reads the clock; the outputs are transformers' own copies);
   - decode_server: examples/decode_server.py's decode graph, replay + synchronize per step.
-Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst),
+Rounds alternate their order (off,on then on,off) so that a drift over the run cancels.
+Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst)
+and max_step_increase_in_windows_ms (the same with only the "on" steps that overlapped a window),
 p999_step_ratio, median_overhead_pct with its 95% interval (ci95_low_pct/ci95_high_pct, t over
 rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
-window), ingest records/s, observer slowdown per window, and a timeline per window: the
-collector's phases (ref, window, drain, flush, collect, build, sink; CuptiSource.phase_log) with
-the host steps that were long (> 2x the median) placed in them, so a long step shows which phase
-it came from. Writes DIR/host-impact.json after each section: one failing section never loses
-the others.
+window) next to ticker_stall_max_off_ms (the same thread's longest stall with graphmon off: the
+host's own GIL holds), collector_cpu_ms_per_window_max and decode_cpu_max_ms (the collector
+thread's own CPU: per window, and its longest one-buffer decode), ingest records/s (of the
+collector's CPU; _wall: of its wall time), observer slowdown per window, and a timeline per
+window: the collector's phases (ref, window, drain, flush, collect, build, sink;
+CuptiSource.phase_log) in wall and CPU ms, with the host steps that were long (> 2x the median)
+placed in them and whether a garbage collection overlapped them, so a long step shows which
+phase it came from. Writes DIR/host-impact.json after each section: one failing section never
+loses the others.
 """
 
 from __future__ import annotations
@@ -73,6 +79,32 @@ class Ticker(threading.Thread):
 
     def max_between(self, t0: float, t1: float) -> float:
         return max((g for t, g in self.stalls if t0 <= t <= t1), default=0.0)
+
+
+class GcLog:
+    """Every garbage collection's (perf_counter start, end, generation): a long host step that
+    overlaps one is the interpreter's pause, whoever allocated (graphmon allocates little)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float, int]] = []
+        self._t0 = 0.0
+
+    def __call__(self, what: str, info: dict) -> None:
+        if what == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.spans.append((self._t0, time.perf_counter(), int(info.get("generation", -1))))
+
+    def overlapping(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Per step: the generation of a collection that overlapped it (-1: none)."""
+        out = np.full(len(starts), -1)
+        for a, b, g in self.spans:
+            hit = (starts <= b) & (ends >= a)
+            out[hit] = np.maximum(out[hit], g)
+        return out
+
+
+GC = GcLog()
 
 
 # ---------------------------------------------------------------------- workloads: step(bs) -> step times (s)
@@ -156,6 +188,7 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
     long steps outside every window (not graphmon's windows: the launch callbacks, the exporter...)."""
     long_i = np.flatnonzero(steps > 2 * median_s)
     starts = ends - steps
+    gc_gen = GC.overlapping(starts, ends)
     in_window = np.zeros(len(steps), bool)
     out = []
     for ph in phase_log:
@@ -163,20 +196,29 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
         if t0 is None:
             continue
         marks = [("t0", t0)] + [(k, ph[k]) for k in PHASES if k in ph]
+        cpu = ph.get("cpu", {})
+        cmarks = [("t0", cpu["t0"])] + [(k, cpu[k]) for k in PHASES if k in cpu] if "t0" in cpu else []
         rows = {"phases_ms": {k: (t - p) * 1e3 for (_, p), (k, t) in zip(marks, marks[1:])},
-                "decode_ms": ph.get("decode_ms"), "long_steps": []}
+                # the collector thread's own CPU per phase: what graphmon itself spent (its GIL)
+                "cpu_ms": {k: (t - p) * 1e3 for (_, p), (k, t) in zip(cmarks, cmarks[1:])},
+                "decode_ms": ph.get("decode_ms"), "decode_cpu_ms": ph.get("decode_cpu_ms"), "long_steps": []}
+        rows["cpu_ms_total"] = sum(rows["cpu_ms"].values())
+        rows["cpu_ms_after_window"] = sum(v for k, v in rows["cpu_ms"].items() if k not in ("ref", "window"))
         t_end = marks[-1][1]
         in_window |= (ends >= t0) & (starts <= t_end)
         for i in long_i[(ends[long_i] >= t0) & (starts[long_i] <= t_end)].tolist():
             # the phase in which the step ended (a step stalled by a phase ends inside or just after it)
             where = next((k for k, t in marks[1:] if ends[i] <= t), "after_sink")
-            rows["long_steps"].append({"start_ms": (starts[i] - t0) * 1e3, "ms": steps[i] * 1e3, "phase": where})
+            rows["long_steps"].append({"start_ms": (starts[i] - t0) * 1e3, "ms": steps[i] * 1e3, "phase": where,
+                                       "gc_generation": int(gc_gen[i])})
         rows["n_long_steps"] = len(rows["long_steps"])
         rows["long_steps"] = sorted(rows["long_steps"], key=lambda x: -x["ms"])[:20]  # the longest: bounded JSON
         out.append(rows)
     outside = long_i[~in_window[long_i]]
     return {"windows": out, "long_steps_outside_windows": int(len(outside)),
             "longest_step_outside_windows_ms": float(steps[outside].max() * 1e3) if len(outside) else 0.0,
+            "long_steps_outside_windows_in_gc": int((gc_gen[outside] >= 0).sum()),
+            "longest_step_in_windows_ms": float(steps[in_window].max() * 1e3) if in_window.any() else 0.0,
             "long_step_threshold_ms": 2 * median_s * 1e3}
 
 
@@ -188,9 +230,12 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         run_once()  # warm: compile, capture, caches
     per_round, on_all, off_all, windows, timelines = [], [], [], [], []
     for r in range(rounds):
-        t_off0 = time.time()
-        off, _ = phase(run_once, seconds)
-        t_off1 = time.time()
+        # off then on in even rounds, on then off in odd ones: a drift over the run (clocks,
+        # other tenants) cancels in the mean instead of showing up as overhead
+        if r % 2 == 0:
+            t_off0 = time.time()
+            off, off_ends = phase(run_once, seconds)
+            t_off1 = time.time()
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
         # a light collector that ships windows to the agent process; else the whole exporter here
@@ -213,11 +258,22 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         cb = {"launch_callbacks_on_at_end": getattr(src, "_launch_cb_on", None),
               "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
-        timelines.append({"round": r, **timeline(plog, on, on_ends, float(np.median(off)))})
-        for w in got:
-            windows.append({"round": r, "records": len(w.trace), "dropped": w.dropped,
+        if r % 2 == 1:
+            t_off0 = time.time()
+            off, off_ends = phase(run_once, seconds)
+            t_off1 = time.time()
+        tl = timeline(plog, on, on_ends, float(np.median(off)))
+        timelines.append({"round": r, **tl})
+        off_gc = GC.overlapping(off_ends - off, off_ends)
+        off_long = off > 2 * np.median(off)
+        for w, wt in zip(got, tl["windows"] + [{}] * len(got)):
+            # records: what the source delivered (a light collector's records are unfiltered)
+            n = len(w) if not hasattr(w, "trace") else len(w.trace)
+            windows.append({"round": r, "records": n, "dropped": w.dropped,
                             "observer_slowdown": w.observer_slowdown, "seconds": w.ended_s - w.started_s,
-                            "gil_hold_max_ms": ticker.max_between(w.started_s, w.ended_s + 0.5) * 1e3})
+                            "gil_hold_max_ms": ticker.max_between(w.started_s, w.ended_s + 0.5) * 1e3,
+                            "collector_cpu_ms": wt.get("cpu_ms_total"),
+                            "collector_cpu_ms_after_window": wt.get("cpu_ms_after_window")})
         per_round.append({
             "round": r, "steps_off": len(off), "steps_on": len(on), "attached": ex is not None, "attach_ms": attach_ms,
             "max_off_ms": float(off.max() * 1e3), "max_on_ms": float(on.max() * 1e3),
@@ -225,6 +281,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             "p999_off_ms": float(np.percentile(off, 99.9) * 1e3), "p999_on_ms": float(np.percentile(on, 99.9) * 1e3),
             "median_overhead_pct": float((np.median(on) / np.median(off) - 1) * 100),
             "ticker_stall_max_off_ms": ticker.max_between(t_off0, t_off1) * 1e3,
+            "max_step_in_windows_ms": tl["longest_step_in_windows_ms"],
+            "long_steps_off": int(off_long.sum()), "long_steps_off_in_gc": int((off_long & (off_gc >= 0)).sum()),
+            "order": "off,on" if r % 2 == 0 else "on,off",
             "windows": len(got), "state": health.state if health else None,
             "errors": dict(health.errors) if health else {}, "stats": stats, **cb,
         })
@@ -234,6 +293,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
     ov = np.array([p["median_overhead_pct"] for p in per_round])
     half = T95.get(len(ov) - 1, 1.96) * ov.std(ddof=1) / np.sqrt(len(ov)) if len(ov) > 1 else float("nan")
     rates = [p["stats"].get("ingest_records_per_s", 0.0) for p in per_round if p["stats"]]
+    rates_wall = [p["stats"].get("ingest_records_per_s_wall", 0.0) for p in per_round if p["stats"]]
+    cpu = [w["collector_cpu_ms"] for w in windows if w.get("collector_cpu_ms") is not None]
+    rec = [w["records"] for w in windows]
     return {
         "rounds": per_round, "windows": windows, "timeline": timelines, "seconds_per_phase": seconds,
         "max_step_increase_ms": max(p["max_on_ms"] - p["max_off_ms"] for p in per_round),
@@ -241,7 +303,15 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         "median_overhead_pct": float(ov.mean()), "ci95_low_pct": float(ov.mean() - half),
         "ci95_high_pct": float(ov.mean() + half),
         "gil_hold_max_ms_per_window": max((w["gil_hold_max_ms"] for w in windows), default=None),
-        "ingest_records_per_s": max(rates, default=None),
+        # records per second of the collector thread's CPU (min over rounds); _wall: of its wall
+        # time, which includes waiting for the host's GIL (numpy releases it inside decode)
+        "ingest_records_per_s": min(rates, default=None), "ingest_records_per_s_wall": min(rates_wall, default=None),
+        # the longest step that overlapped a window (ref phase to sink) minus the round's longest step off
+        "max_step_increase_in_windows_ms": max(p["max_step_in_windows_ms"] - p["max_off_ms"] for p in per_round),
+        "collector_cpu_ms_per_window_max": max(cpu, default=None),
+        "records_per_window_median": float(np.median(rec)) if rec else None,
+        "decode_cpu_max_ms": max((p["stats"].get("decode_cpu_max_ms", 0.0) for p in per_round if p["stats"]), default=None),
+        "ticker_stall_max_off_ms": max(p["ticker_stall_max_off_ms"] for p in per_round),
         "observer_slowdown": [w["observer_slowdown"] for w in windows],
         "median_step_off_ms": float(np.median(off_c) * 1e3),
     }
@@ -290,19 +360,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true", help="shorter phases (< 90 s in all)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, help="seconds per phase (default 8, quick 3)")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--seconds", type=float, help="seconds per phase (default 2.5, quick 1.5)")
     ap.add_argument("--only", default="", help="comma list of workloads to run")
     ap.add_argument("--modes", default="agent,inprocess",
                     help="agent: light collector + a `graphmon agent` process (production); inprocess: the whole "
                          "exporter in this process (graphmon.attach() without an agent)")
     a = ap.parse_args()
-    seconds = a.seconds or (3.0 if a.quick else 8.0)
+    seconds = a.seconds or (1.5 if a.quick else 2.5)
     R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds}
     R["versions"] = versions()
     save(a.out)
     ticker = Ticker()
     ticker.start()
+    import gc
+
+    gc.callbacks.append(GC)
     t_start = time.monotonic()
     makers = {
         "hf_static_bs1": lambda: hf_workload(1, 64 if a.quick else 128),
@@ -343,8 +416,12 @@ def main() -> int:
     if agent is not None:
         agent[0].terminate()
     w = R["workloads"]
-    R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "p999_step_ratio", "median_overhead_pct",
-                                              "ci95_high_pct", "gil_hold_max_ms_per_window", "ingest_records_per_s")}
+    R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "max_step_increase_in_windows_ms",
+                                              "p999_step_ratio", "median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
+                                              "gil_hold_max_ms_per_window", "ticker_stall_max_off_ms",
+                                              "collector_cpu_ms_per_window_max", "decode_cpu_max_ms",
+                                              "records_per_window_median", "ingest_records_per_s",
+                                              "ingest_records_per_s_wall")}
                     for k, v in w.items()}
     R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,
                     "ci95_high_pct": 0.5, "gil_hold_max_ms_per_window": 1.0, "ingest_records_per_s": 10e6}

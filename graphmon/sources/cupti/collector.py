@@ -94,7 +94,7 @@ class CuptiSource(Source):
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
             "launch_cb_reenabled", "repeated_correlation"), 0)
         self.last_window: Optional[Window] = None
-        self.taps: list[Sink] = []  # extra window consumers (benchmarks, record mode); errors counted
+        self.taps: list[Sink] = []  # extra consumers of what the sink gets (benchmarks, record mode); errors counted
         # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink),
         # decode_ms / decode_cpu_ms (wall / this thread's CPU), and "cpu": thread_time() at the same marks
         self.phase_log: deque[dict[str, Any]] = deque(maxlen=256)
@@ -329,28 +329,28 @@ class CuptiSource(Source):
         st["decode_cpu_max_ms"] = self._piece_cpu_max_s * 1e3
         self._piece_cpu_max_s = 0.0
         self._sync_launch_cb()
-        # A light collector's sink takes the records as they are: the agent filters and
+        # A light collector's sink (and taps) take the records as they are: the agent filters and
         # validates them (model/edges.assemble), so the serving process's GIL never does.
-        w = None
-        if not self.records_sink or self.taps:
+        out: Any = rec
+        if not self.records_sink:
             self._yield()
             try:
-                w = assemble(rec)
+                out = self.last_window = assemble(rec)
             except Exception:
+                out = None
                 self.count_error("assemble")
         self._mark("build")
-        if w is not None:
-            self.last_window = w
+        if out is not None:
             for tap in list(self.taps):
                 try:
-                    tap(w)
+                    tap(out)
                 except Exception:
                     self.count_error("tap")
-        if self._sink is not None and (self.records_sink or w is not None):
-            try:
-                self._sink(rec if self.records_sink else w)
-            except Exception:
-                self.count_error("sink")
+            if self._sink is not None:
+                try:
+                    self._sink(out)
+                except Exception:
+                    self.count_error("sink")
         self._mark("sink")
         self._phases["decode_ms"] += self._ingest_s * 1e3
         self._phases["decode_cpu_ms"] += self._ingest_cpu_s * 1e3

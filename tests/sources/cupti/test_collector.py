@@ -648,16 +648,19 @@ def test_records_sink_ships_unfiltered_records_and_never_assembles(monkeypatch):
     assert len(r) - len(w.trace) == sum(w.trace.invalid.values())  # every record kept or counted
 
 
-def test_taps_still_get_assembled_windows_with_a_records_sink():
+def test_taps_get_what_the_sink_gets():
+    """A records sink's taps get WindowRecords too: a tap never makes the serving process assemble."""
     from graphmon.model.window import Window, WindowRecords
 
-    fake, src, got = make()
-    taps = []
-    src.records_sink = True
-    src.taps.append(taps.append)
-    src.start(got.append)
-    h = fake.instantiate(decode_like(2, MAIN, SIDE))
-    with Workload(fake, [h]):
-        assert wait_for(lambda: len(taps) >= 1 and len(got) >= 1)
-    src.stop()
-    assert isinstance(got[0], WindowRecords) and isinstance(taps[0], Window) and len(taps[0].trace) == 6 * 6
+    for records_sink, kind in ((True, WindowRecords), (False, Window)):
+        fake, src, got = make()
+        taps = []
+        src.records_sink = records_sink
+        src.taps.append(taps.append)
+        src.start(got.append)
+        h = fake.instantiate(decode_like(2, MAIN, SIDE))
+        with Workload(fake, [h]):
+            assert wait_for(lambda: len(taps) >= 1 and len(got) >= 1)
+        src.stop()
+        assert isinstance(got[0], kind) and isinstance(taps[0], kind)
+        assert (src.last_window is None) == records_sink
