@@ -7,6 +7,8 @@ implementation (graphmon.analysis.reference.analyze_reference), after checking t
 bit-identical results on the tiled trace. The machine may be shared and noisy: each figure is the
 median of --runs runs with min and max, and a plain column copy is timed alongside as a gauge of
 the memory bandwidth the process got. Pinned to CPU 0 (like ``taskset -c 0``) where the OS allows.
+Runs twice, in fresh processes: with ``graphmon analyze``'s heap setting (analysis/heap.py: freed
+temporaries reused; the headline figures) and with glibc's default (``allocator_default``).
 Writes bench/results/analysis-throughput.json.
 
     python bench/analysis_throughput.py [--records 10000000] [--runs 5]
@@ -77,12 +79,45 @@ def stats(seconds: list[float], n: int) -> dict:
             "records_per_second_min": round(min(rates)), "records_per_second_max": round(max(rates))}
 
 
+def both(args) -> None:
+    """One fresh process per allocator setting (a process's heap setting cannot be undone), the
+    batch one first in the JSON: it is what ``graphmon analyze`` runs with."""
+    import subprocess
+    import sys
+    import tempfile
+
+    out: dict = {}
+    for alloc in ("batch", "default"):
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / "r.json"
+            subprocess.run([sys.executable, __file__, "--records", str(args.records), "--runs", str(args.runs),
+                            "--allocator", alloc, "--out", str(f)], check=True, stdout=subprocess.DEVNULL)
+            out[alloc] = json.loads(f.read_text())
+    res = dict(out["batch"])
+    res["allocator_default"] = {k: out["default"][k] for k in ("analysis_with_quantiles", "parts_of_fast", "memory_gauge")}
+    res["allocator_default"]["what"] = ("the same run in a process with glibc's default mmap threshold (every large "
+                                        "temporary a fresh mmap: first-touch page faults); measured right after")
+    res["command"] = f"python bench/analysis_throughput.py --records {args.records} --runs {args.runs}"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench/results/analysis-throughput.json"))
+    ap.add_argument("--allocator", choices=("both", "batch", "default"), default="both",
+                    help="batch: graphmon analyze's heap setting (graphmon/analysis/heap.py); default: glibc's")
     args = ap.parse_args()
+    if args.allocator == "both":
+        return both(args)
+    if args.allocator == "batch":
+        from graphmon.analysis.heap import reuse_heap_for_batch
+
+        if not reuse_heap_for_batch():
+            raise SystemExit("the batch heap setting is not available here (glibc only)")
     pinned = None
     if hasattr(os, "sched_setaffinity"):
         try:
@@ -144,6 +179,7 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
                     "pinned_to_cpus": pinned, "load_average_at_end": list(os.getloadavg()),
                     "python": platform.python_version(), "numpy": np.__version__},
+        "allocator": args.allocator,
         "command": f"python bench/analysis_throughput.py --records {args.records} --runs {args.runs}",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

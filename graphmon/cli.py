@@ -18,11 +18,13 @@ class CliError(Exception):
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from graphmon.analysis.heap import reuse_heap_for_batch
     from graphmon.analysis.replays import analyze
     from graphmon.report.summary import analysis_json
     from graphmon.report.tables import format_table
     from graphmon.formats.read import read_trace
 
+    reuse_heap_for_batch()  # a batch process: temporaries reused, not page-faulted in again
     if args.plot and len(args.paths) > 1:
         raise CliError("--plot draws one trace; give one PATH")
     _check_plot_path(args.plot)
@@ -80,7 +82,10 @@ def _check_plot_path(path: str | None) -> None:
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Exit 1 when a regression is flagged (so it can gate CI), 0 otherwise, 2 on bad input."""
     from graphmon.analysis.compare import Thresholds, compare
+    from graphmon.analysis.heap import reuse_heap_for_batch
     from graphmon.formats.read import read_trace
+
+    reuse_heap_for_batch()
 
     pairs = []
     for spec in args.pair or ():

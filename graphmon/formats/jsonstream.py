@@ -128,6 +128,35 @@ class JsonStream:
             if self.expect(",]") == "]":
                 return
 
+    def each(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn`` on each element of the array whose '[' was just read, through its ']'.
+
+        The same checks as ``value`` + ``expect(",]")`` per element, with a fast path for the
+        common case (the element and the separator after it already in the buffer): one scan
+        and two whitespace matches, no method call per element (a quarter of a Kineto read)."""
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        ws, scan = _WS.match, self._scan
+        while True:
+            buf = self.buf
+            try:
+                v, end = scan(buf, ws(buf, self.pos).end())
+            except (json.JSONDecodeError, StopIteration, ValueError):
+                end = -1  # incomplete or invalid: the careful path reads more or says why
+            if 0 <= end < len(buf) - 1:  # a number cannot go on: a non-digit follows it
+                sep = ws(buf, end).end()
+                c = buf[sep] if sep < len(buf) else ""
+                if c == "," or c == "]":
+                    self.pos = sep + 1
+                    fn(v)
+                    if c == "]":
+                        return
+                    continue
+            fn(self.value())
+            if self.expect(",]") == "]":
+                return
+
     def expect(self, chars: str) -> str:
         c = self.peek()
         if not c or c not in chars:

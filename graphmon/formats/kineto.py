@@ -363,10 +363,4 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
 
 def _events(js: JsonStream, builder: _KinetoBuilder) -> None:
     """Consume the elements of an array whose '[' was just read, through its ']'."""
-    if js.peek() == "]":
-        js.pos += 1
-        return
-    while True:
-        builder.add(js.value())
-        if js.expect(",]") == "]":
-            return
+    js.each(builder.add)

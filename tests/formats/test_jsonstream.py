@@ -34,3 +34,54 @@ def test_one_huge_event_is_capped(tmp_path):
     p = write_json(tmp_path / "h.json", [kernel(10, name="x" * (3 << 20))])
     with pytest.raises(TraceError, match="larger than"):
         read_trace(p, progress=False, limits=ReadLimits(max_event_bytes=1 << 20))
+
+
+class _Chunks:
+    """A binary stream that returns at most ``size`` bytes per read: every split point is hit."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size, self.at = data, size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = self.data[self.at : self.at + self.size]
+        self.at += len(out)
+        return out
+
+
+def _each(text: str, size: int):
+    from graphmon.formats.jsonstream import JsonStream
+
+    raw = _Chunks(text.encode(), size)
+    js = JsonStream(raw, raw, ReadLimits(), lambda: None)
+    js.expect("[")
+    got = []
+    js.each(got.append)
+    js.end()
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
+def test_each_matches_json_loads_at_every_split(size):
+    """The fast path and the careful one give the same elements, in order, whatever the read
+    sizes: numbers that end a chunk, nested arrays, strings with ] and , in them."""
+    import json
+    from decimal import Decimal
+
+    text = '[ 1, 22 ,{"a": [1, 2, "],"], "ts": 12.5} , [], "x]", 123456789,\n -7.25e3 ,{"b":{}} ]  '
+    assert _each(text, size) == json.loads(text, parse_float=Decimal)
+
+
+@pytest.mark.parametrize("text, msg, want", [("[1 2]", "expected", [1]), ("[1,]", "expecting a value", [1]),
+                                             ("[1, 2", "expected", [1, 2])])
+def test_each_refuses_bad_arrays_and_calls_back_once_per_element(text, msg, want):
+    calls = []
+    from graphmon.formats.jsonstream import JsonStream
+
+    for size in (1, 1 << 20):
+        raw = _Chunks(text.encode(), size)
+        js = JsonStream(raw, raw, ReadLimits(), lambda: None)
+        js.expect("[")
+        calls.clear()
+        with pytest.raises(TraceError, match=msg):
+            js.each(calls.append)
+        assert calls == want  # each element once: a fast-path miss never calls back twice
