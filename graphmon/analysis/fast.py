@@ -17,12 +17,12 @@ Then no general sort and no second gather is needed. Each kernel becomes one pac
 - busy time (union of a replay's intervals over all streams) needs start order across streams:
   one in-place sort of the packed *values* (nearly sorted: timsort), then one running maximum.
 Why not numba (issue 16 measured a numba single pass at 23-36M records/s): it costs ~200 MB
-installed and a ~2 s first compile that holds the GIL, and the serving process runs this code.
-This numpy formulation ran 4.0x faster than the reference side by side (median of 5 paired runs,
-bench/results/analysis-throughput.json: 11.3M records/s with quantiles, 20.2M for the analysis
-alone, best run 17.8M, on a shared machine at load ~4 whose memory copies ran at 5 GB/s instead
-of the 25 GB/s of a quiet core). If a quiet run falls short of 20M with quantiles, numba as an
-extra for batch ``graphmon analyze`` is the next step.
+installed and a ~2 s first compile that holds the GIL, and this numpy formulation reaches the
+target without it. bench/results/analysis-throughput.json, 10M records on one quiet core, median
+of 5 (fast and reference side by side, alternating): 25.6M records/s with quantiles (min 22.5M)
+in ``graphmon analyze``'s process, whose freed temporaries are reused (analysis/heap.py), and
+18-21M with glibc's default allocator, where first-touch page faults on the temporaries are a
+third of the time and most of the spread.
 """
 
 from __future__ import annotations
