@@ -6,6 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+# Many small groups (e.g. per-graph summaries of a trace with 100k graphs): one vectorised sort;
+# few large ones (the gaps of a 10M-record trace): np.partition per group, linear time.
+VECTOR_MIN_GROUPS = 64
+VECTOR_MAX_MEAN = 4096
 
 
 def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES, presorted: bool = False) -> np.ndarray:
@@ -17,6 +21,8 @@ def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES, pre
     """
     counts = np.diff(offsets)
     out = np.full((len(counts), len(qs)), np.nan)
+    if len(counts) > VECTOR_MIN_GROUPS and len(values) < VECTOR_MAX_MEAN * len(counts):
+        return _quantiles_many(values, offsets, counts, qs, presorted, out)
     for g in np.flatnonzero(counts > 0).tolist():
         v = values[offsets[g] : offsets[g + 1]]
         n = len(v)
@@ -42,6 +48,50 @@ def grouped_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     ok = counts > 0
     if ok.any():
         out[ok] = np.add.reduceat(values, offsets[:-1][ok])
+    return out
+
+
+def _quantiles_many(values, offsets, counts, qs, presorted: bool, out: np.ndarray) -> np.ndarray:
+    """grouped_quantiles for many small groups: one sort within groups for all of them (a
+    Python step per group was ~30 us: 3 s for 100k graphs), the same order statistics and the
+    same float64 arithmetic per group as the loop, so bit-identical to it."""
+    start = np.asarray(offsets[:-1], np.int64)
+    if not presorted:
+        gid = np.repeat(np.arange(len(counts)), counts)
+        v = values[start[0] : offsets[-1]] if len(start) else values[:0]
+        values = np.empty_like(values)
+        values[start[0] : offsets[-1]] = v[np.lexsort((v, gid))]  # groups stay in place, sorted inside
+    ok = np.flatnonzero(counts > 0)
+    n1 = (counts[ok] - 1)[:, None]
+    pos = np.asarray(qs, dtype=np.float64)[None, :] * n1
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, n1)
+    base = start[ok][:, None]
+    vlo, vhi = values[base + lo].astype(np.float64), values[base + hi].astype(np.float64)
+    out[ok] = vlo + (vhi - vlo) * (pos - lo)
+    return out
+
+
+def grouped_summaries(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES) -> list[dict[str, float]]:
+    """:func:`summarize` of every contiguous group, vectorised (the same dicts, bit for bit)."""
+    values = np.asarray(values, dtype=np.int64)
+    counts = np.diff(offsets)
+    q = grouped_quantiles(values, offsets, qs)
+    sums = grouped_sums(values, offsets)
+    ok = counts > 0
+    mins = np.zeros(len(counts), np.int64)
+    maxs = np.zeros(len(counts), np.int64)
+    if ok.any():
+        mins[ok], maxs[ok] = grouped_minmax(values, np.r_[offsets[:-1][ok], offsets[-1]])
+    names = [f"p{_qname(x)}" for x in qs]
+    out: list[dict[str, float]] = []
+    for g, n in enumerate(counts.tolist()):
+        if n == 0:
+            out.append({"count": 0})
+            continue
+        d = {"count": n, "mean": float(sums[g] / n), "min": int(mins[g]), "max": int(maxs[g])}
+        d.update(zip(names, q[g].tolist()))
+        out.append(d)
     return out
 
 

@@ -11,14 +11,16 @@ from typing import Any
 
 import numpy as np
 
+from graphmon.analysis.grouped import grouped_summaries
 from graphmon.analysis.replays import NO_VALUE, QUANTILES, Analysis, grouped_minmax, grouped_quantiles, grouped_sums, replay_groups, summarize
 
 SUMMARY_QS = QUANTILES  # p10, p50, p90, p99
 
 
-def _dist(values: np.ndarray) -> dict:
-    s = summarize(values, SUMMARY_QS)
-    return s
+def _subgroup_summaries(values: np.ndarray, gid: np.ndarray, keep: np.ndarray, groups: int) -> list[dict]:
+    """summarize() of the kept values of each group (``gid``: nondecreasing group of each value)."""
+    counts = np.bincount(gid[keep], minlength=groups)
+    return grouped_summaries(values[keep], np.r_[0, np.cumsum(counts)].astype(np.int64), SUMMARY_QS)
 
 
 def graphs_summary(a: Analysis, gap_quantiles: np.ndarray | None = None) -> list[dict]:
@@ -32,39 +34,54 @@ def graphs_summary(a: Analysis, gap_quantiles: np.ndarray | None = None) -> list
     gsum = grouped_sums(a.gaps.values, a.gaps.offsets)
     neg = grouped_sums((a.gaps.values < 0).astype(np.int64), a.gaps.offsets)
     gmin, gmax = grouped_minmax(a.gaps.values, a.gaps.offsets) if len(a.gaps) else ([], [])
+    # gap groups of each (device, graph), found once: a scan per graph was quadratic (73 s for
+    # 100k graphs, bench/results/analyze-json.json)
+    gkey = (a.gaps.device.astype(np.int64) << 32) | a.gaps.graph.astype(np.int64)
+    go = np.argsort(gkey, kind="stable")
+    sk = gkey[go]
+    cuts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1], True]) if len(sk) else np.zeros(1, np.int64)
+    gap_groups = {int(sk[c0]): go[c0:c1] for c0, c1 in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
+    no_gaps = np.zeros(0, np.int64)
+    # per-graph distributions, all graphs at once (a numpy call per graph and statistic was
+    # ~0.35 ms a graph: 36 s for 100k graphs)
+    dists = {k: grouped_summaries(getattr(r, k)[order], offsets, SUMMARY_QS) for k in ("span_ns", "busy_ns", "idle_ns")}
+    kp_all = r.kernels[order]
+    kp_med = grouped_quantiles(kp_all, offsets, (0.5,))[:, 0]
+    kp_min, kp_max = grouped_minmax(kp_all, offsets) if len(kp_all) else ([], [])
+    gid = np.repeat(np.arange(len(heads)), np.diff(offsets))
+    lat = r.launch_latency_ns[order]
+    known = lat != NO_VALUE
+    lat_n = np.bincount(gid[known], minlength=len(heads))
+    lat_neg = np.bincount(gid[known & (lat < 0)], minlength=len(heads))
+    lat_d = _subgroup_summaries(lat, gid, known & (lat >= 0), len(heads))
+    inter = r.inter_replay_gap_ns[order]
+    inter_d = _subgroup_summaries(inter, gid, inter != np.iinfo(np.int64).min, len(heads))
     out = []
     for k, h in enumerate(heads.tolist()):
-        rows = order[offsets[k] : offsets[k + 1]]
         dev, gi = int(r.device[h]), int(r.graph[h])
         info = t.graphs[gi]
-        kp = r.kernels[rows]
         entry = {
             "graph": names[gi],
             "graph_key": info.key,
             "label": info.label,
             "device": str(dev),
             "upload_mode": info.upload_mode,
-            "replays": int(len(rows)),
-            "kernels_per_replay": float(np.median(kp)),
-            "kernels_per_replay_min": int(kp.min()),
-            "kernels_per_replay_max": int(kp.max()),
-            "span_ns": _dist(r.span_ns[rows]),
-            "busy_ns": _dist(r.busy_ns[rows]),
-            "idle_ns": _dist(r.idle_ns[rows]),
+            "replays": int(offsets[k + 1] - offsets[k]),
+            "kernels_per_replay": float(kp_med[k]),
+            "kernels_per_replay_min": int(kp_min[k]),
+            "kernels_per_replay_max": int(kp_max[k]),
+            "span_ns": dists["span_ns"][k],
+            "busy_ns": dists["busy_ns"][k],
+            "idle_ns": dists["idle_ns"][k],
         }
-        lat = r.launch_latency_ns[rows]
-        lat = lat[lat != NO_VALUE]
-        if (lat >= 0).any():
-            entry["launch_latency_ns"] = _dist(lat[lat >= 0])
-        if len(lat):  # negative: CPU and GPU clocks disagree; left out of the distribution, counted here
-            entry["negative_launch_latencies"] = int((lat < 0).sum())
-        inter = r.inter_replay_gap_ns[rows]
-        inter = inter[inter != np.iinfo(np.int64).min]
-        if len(inter):
-            entry["inter_replay_gap_ns"] = _dist(inter)
+        if lat_d[k]["count"]:
+            entry["launch_latency_ns"] = lat_d[k]
+        if lat_n[k]:  # negative: CPU and GPU clocks disagree; left out of the distribution, counted here
+            entry["negative_launch_latencies"] = int(lat_neg[k])
+        if inter_d[k]["count"]:
+            entry["inter_replay_gap_ns"] = inter_d[k]
         streams = []
-        sel = np.flatnonzero((a.gaps.device == dev) & (a.gaps.graph == gi))
-        for j in sel.tolist():
+        for j in gap_groups.get((dev << 32) | gi, no_gaps).tolist():
             cnt = int(a.gaps.offsets[j + 1] - a.gaps.offsets[j])
             q = gq[j]
             streams.append(
