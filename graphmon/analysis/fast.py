@@ -21,7 +21,7 @@ installed and a ~2 s first compile that holds the GIL, and this numpy formulatio
 target without it. bench/results/analysis-throughput.json, 10M records on one quiet core, median
 of 5 (fast and reference side by side, alternating): 25.6M records/s with quantiles (min 22.5M)
 in ``graphmon analyze``'s process, whose freed temporaries are reused (analysis/heap.py), and
-18-21M with glibc's default allocator, where first-touch page faults on the temporaries are a
+18.2M with glibc's default allocator, where first-touch page faults on the temporaries are a
 third of the time and most of the spread.
 """
 
