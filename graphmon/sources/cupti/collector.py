@@ -35,7 +35,7 @@ from graphmon.sources.cupti.assemble import raw_columns, window_records
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
-from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore
+from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore, concat_columns
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 
 log = logging.getLogger("graphmon.cupti")
@@ -304,7 +304,11 @@ class CuptiSource(Source):
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
         cols = self._store.take(pause=self._yield)
-        name_id = np.concatenate(self._store_names) if self._store_names else np.zeros(0, np.int32)
+        if len(self._store_names) > 1:
+            self._yield()
+            name_id = concat_columns([[a] for a in self._store_names], self._yield)[0]
+        else:
+            name_id = self._store_names[0] if self._store_names else np.zeros(0, np.int32)
         self._store_names = []
         self._mark("collect")  # event timing collected
         discarded = self._store.discarded

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from graphmon.sources.cupti.records import PROBE_BYTES, BufferDecoder, NameTable, RecordStore
+from graphmon.sources.cupti.records import PROBE_BYTES, BufferDecoder, KernelColumns, NameTable, RecordStore, concat_columns
 
 from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, FakeCupti, pack_kernel
 
@@ -110,6 +110,32 @@ def test_record_store_bounds_the_window_and_counts_the_rest():
     st.add(dec.decode(data))
     assert st.n_records == 15 and st.discarded == 5
     assert len(st.take()) == 15 and st.n_records == 0
+
+
+def test_joining_a_window_yields_between_pieces_and_keeps_every_record():
+    rng = np.random.default_rng(3)
+    parts = [[rng.integers(0, 1 << 40, n), rng.integers(0, 9, n).astype(np.int32)] for n in (5, 0, 7, 3, 9, 4)]
+    pauses = []
+    out = concat_columns(parts, lambda: pauses.append(1), piece_records=8)
+    for j in range(2):
+        want = np.concatenate([p[j] for p in parts])
+        assert out[j].dtype == want.dtype and np.array_equal(out[j], want)
+    # a pause after every 8 or more records copied, none after the last part: 5+0+7 | 3+9 | 4
+    assert len(pauses) == 2
+    assert len(concat_columns(parts, None)[0]) == 28
+
+
+def test_a_one_buffer_window_is_not_copied_and_many_are_joined_in_order():
+    data, _ = synth_buffer(6, KERNEL13_BYTES)
+    dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
+    one = dec.decode(data)
+    assert KernelColumns.concat([one]) is one
+    st = RecordStore(max_records=100)
+    for _ in range(3):
+        st.add(dec.decode(data))
+    joined = st.take(pause=lambda: None)
+    assert len(joined) == 18 and np.array_equal(joined.start_ns, np.tile(one.start_ns, 3))
+    assert np.array_equal(joined.name_ptr, np.tile(one.name_ptr, 3)) and joined.name_ptr.dtype == np.uint64
 
 
 def test_name_table_reads_each_pointer_once():
