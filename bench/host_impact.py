@@ -95,6 +95,14 @@ class GcLog:
         else:
             self.spans.append((self._t0, time.perf_counter(), int(info.get("generation", -1))))
 
+    def counts(self, t0: float, t1: float) -> list[int]:
+        """Collections of generation 0, 1, 2 that started in [t0, t1] (perf_counter s)."""
+        out = [0, 0, 0]
+        for a, _, g in self.spans:
+            if t0 <= a <= t1 and 0 <= g <= 2:
+                out[g] += 1
+        return out
+
     def overlapping(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Per step: the generation of a collection that overlapped it (-1: none)."""
         out = np.full(len(starts), -1)
@@ -169,7 +177,15 @@ def decode_server_workload(layers: int, steps_per_call: int):
 
 # ---------------------------------------------------------------------- measurement
 def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
-    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times."""
+    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times.
+
+    Every phase, off and on, starts with an untimed full collection: attach() and detach()
+    allocate once per round (threads, settings, the collector), and a collection they trigger
+    would otherwise land in whichever phase follows (a 7-28 ms gen-2 pause in an HF process).
+    Collections the phase's own steady state triggers still land in it (counted per phase)."""
+    import gc
+
+    gc.collect()
     steps, ends, t0 = [], [], time.monotonic()
     while time.monotonic() - t0 < seconds:
         t = run_once()
@@ -190,6 +206,7 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
     starts = ends - steps
     gc_gen = GC.overlapping(starts, ends)
     in_window = np.zeros(len(steps), bool)
+    tracing = np.zeros(len(steps), bool)  # kernel tracing on during part of the step (CUPTI slows the GPU)
     out = []
     for ph in phase_log:
         t0 = ph.get("t0")
@@ -206,6 +223,8 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
         rows["cpu_ms_after_window"] = sum(v for k, v in rows["cpu_ms"].items() if k not in ("ref", "window"))
         t_end = marks[-1][1]
         in_window |= (ends >= t0) & (starts <= t_end)
+        if "ref" in ph and "drain" in ph:
+            tracing |= (ends >= ph["ref"]) & (starts <= ph["drain"])
         for i in long_i[(ends[long_i] >= t0) & (starts[long_i] <= t_end)].tolist():
             # the phase in which the step ended (a step stalled by a phase ends inside or just after it)
             where = next((k for k, t in marks[1:] if ends[i] <= t), "after_sink")
@@ -219,6 +238,10 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
             "longest_step_outside_windows_ms": float(steps[outside].max() * 1e3) if len(outside) else 0.0,
             "long_steps_outside_windows_in_gc": int((gc_gen[outside] >= 0).sum()),
             "longest_step_in_windows_ms": float(steps[in_window].max() * 1e3) if in_window.any() else 0.0,
+            # every step of the on phase, split: kernel tracing on for part of it (GPU observer effect,
+            # reported per window as observer_slowdown) or not (graphmon's host-side cost, and noise)
+            "longest_step_tracing_ms": float(steps[tracing].max() * 1e3) if tracing.any() else 0.0,
+            "longest_step_not_tracing_ms": float(steps[~tracing].max() * 1e3) if (~tracing).any() else 0.0,
             "long_step_threshold_ms": 2 * median_s * 1e3}
 
 
@@ -236,6 +259,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             t_off0 = time.time()
             off, off_ends = phase(run_once, seconds)
             t_off1 = time.time()
+            gc_off = GC.counts(off_ends[0] - off[0], off_ends[-1]) if len(off) else [0, 0, 0]
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
         # a light collector that ships windows to the agent process; else the whole exporter here
@@ -262,6 +286,8 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             t_off0 = time.time()
             off, off_ends = phase(run_once, seconds)
             t_off1 = time.time()
+            gc_off = GC.counts(off_ends[0] - off[0], off_ends[-1]) if len(off) else [0, 0, 0]
+        gc_on = GC.counts(on_ends[0] - on[0], on_ends[-1]) if len(on) else [0, 0, 0]
         tl = timeline(plog, on, on_ends, float(np.median(off)))
         timelines.append({"round": r, **tl})
         off_gc = GC.overlapping(off_ends - off, off_ends)
@@ -282,6 +308,8 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             "median_overhead_pct": float((np.median(on) / np.median(off) - 1) * 100),
             "ticker_stall_max_off_ms": ticker.max_between(t_off0, t_off1) * 1e3,
             "max_step_in_windows_ms": tl["longest_step_in_windows_ms"],
+            "max_step_tracing_ms": tl["longest_step_tracing_ms"], "max_step_not_tracing_ms": tl["longest_step_not_tracing_ms"],
+            "gc_collections_off": gc_off, "gc_collections_on": gc_on,  # by generation 0, 1, 2
             "long_steps_off": int(off_long.sum()), "long_steps_off_in_gc": int((off_long & (off_gc >= 0)).sum()),
             "order": "off,on" if r % 2 == 0 else "on,off",
             "windows": len(got), "state": health.state if health else None,
@@ -309,6 +337,12 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         # the longest step that overlapped a window (ref phase to sink) minus the round's longest step off
         "max_step_increase_in_windows_ms": max(p["max_step_in_windows_ms"] - p["max_off_ms"] for p in per_round),
         "collector_cpu_ms_per_window_max": max(cpu, default=None),
+        # the same, split (timeline): steps with kernel tracing on for part of them (the GPU runs
+        # slower under CUPTI: observer_slowdown) and every other step of the on phase (host side)
+        "max_step_increase_tracing_ms": max(p["max_step_tracing_ms"] - p["max_off_ms"] for p in per_round),
+        "max_step_increase_not_tracing_ms": max(p["max_step_not_tracing_ms"] - p["max_off_ms"] for p in per_round),
+        "gc_collections_on_total": [sum(p["gc_collections_on"][g] for p in per_round) for g in range(3)],
+        "gc_collections_off_total": [sum(p["gc_collections_off"][g] for p in per_round) for g in range(3)],
         "records_per_window_median": float(np.median(rec)) if rec else None,
         "decode_cpu_max_ms": max((p["stats"].get("decode_cpu_max_ms", 0.0) for p in per_round if p["stats"]), default=None),
         "ticker_stall_max_off_ms": max(p["ticker_stall_max_off_ms"] for p in per_round),
@@ -417,6 +451,8 @@ def main() -> int:
         agent[0].terminate()
     w = R["workloads"]
     R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "max_step_increase_in_windows_ms",
+                                              "max_step_increase_tracing_ms", "max_step_increase_not_tracing_ms",
+                                              "gc_collections_on_total", "gc_collections_off_total",
                                               "p999_step_ratio", "median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
                                               "gil_hold_max_ms_per_window", "ticker_stall_max_off_ms",
                                               "collector_cpu_ms_per_window_max", "decode_cpu_max_ms",

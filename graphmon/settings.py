@@ -47,8 +47,12 @@ class CuptiSettings(BaseSettings):
                                        "for a new graph's first launch (its upload mode); then it is 'unknown'")
     blocked_retry_s: float = Field(30.0, gt=0, description="seconds between subscribe attempts while another profiler holds CUPTI")
     poll_s: float = Field(0.05, gt=0, description="collector thread poll interval")
-    yield_ms: float = Field(0.5, ge=0, le=50, description="the collector thread sleeps this long between pieces of its "
-                                                          "work (a buffer's decode), so that the host's threads get the GIL")
+    yield_ms: float = Field(0.5, ge=0, le=50, description="the collector thread sleeps at least this long between pieces "
+                                                          "of its work (a buffer's decode), so that the host's threads get the GIL")
+    gil_share: float = Field(0.2, gt=0, le=1, description="the collector thread's largest share of the GIL while it "
+                                                          "works: after a piece of C ms it sleeps C*(1-share)/share "
+                                                          "(a host thread that needs the GIL all the time slows by at "
+                                                          "most this share, for the few ms a window's work takes)")
     keep_raw: bool = Field(False, description="diagnostics: keep each window's unfiltered records")
     launch_gate: bool = Field(True, description="never switch the launch callbacks off between a launch's enter and "
                                                 "exit callbacks (off: the old behaviour, for A/B diagnostics only)")

@@ -87,6 +87,7 @@ class CuptiSource(Source):
         self._ingest_cpu_s = 0.0  # this thread's CPU time decoding: graphmon's own cost
         self._ingest_records = 0
         self._piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
+        self._piece_cpu0 = 0.0  # thread_time() when the collector last yielded (_yield)
 
         self.stats: dict[str, float] = dict.fromkeys((
             "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
@@ -292,6 +293,7 @@ class CuptiSource(Source):
             drained = not self._stop.is_set() and self._drain()
             self._disable_tracing()
         self._mark("drain")
+        self._piece_cpu0 = time.thread_time()
         flush_ms = self._flush(drained)
         self._mark("flush")
         self._closing = False
@@ -303,6 +305,7 @@ class CuptiSource(Source):
     def _deliver(self, req, started: float, ended: float, window_ms: float, flush_ms: float, timer) -> None:
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
+        self._yield()
         cols = self._store.take(pause=self._yield)
         if len(self._store_names) > 1:
             self._yield()
@@ -311,6 +314,7 @@ class CuptiSource(Source):
             name_id = self._store_names[0] if self._store_names else np.zeros(0, np.int32)
         self._store_names = []
         self._mark("collect")  # event timing collected
+        self._yield()
         discarded = self._store.discarded
         rec = window_records(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
                              started_s=started, ended_s=ended, dropped=dropped + discarded, observer_slowdown=slowdown,
@@ -336,8 +340,8 @@ class CuptiSource(Source):
         # A light collector's sink (and taps) take the records as they are: the agent filters and
         # validates them (model/edges.assemble), so the serving process's GIL never does.
         out: Any = rec
+        self._yield()
         if not self.records_sink:
-            self._yield()
             try:
                 out = self.last_window = assemble(rec)
             except Exception:
@@ -364,8 +368,15 @@ class CuptiSource(Source):
         """Between two pieces of the collector's work: sleep, so that a host thread waiting for
         the GIL takes it. time.sleep(0) hands the GIL back only if the waiter wins the race to
         it, which the thread that just released it usually does: the host then waits for
-        Python's switch interval (5 ms) instead of one piece (< 0.4 ms)."""
-        time.sleep(self.settings.yield_ms / 1e3)
+        Python's switch interval (5 ms) instead of one piece (< 0.4 ms). The sleep grows with
+        the piece (``gil_share``): an HF decode loop needs the GIL nearly all the time, so on
+        the H200 a window's 2-4 ms of work, yielding 0.5 ms between pieces, still stretched the
+        one or two host steps it overlapped by 1-2 ms."""
+        s = self.settings
+        piece_s = max(0.0, time.thread_time() - self._piece_cpu0)
+        sleep_s = max(s.yield_ms / 1e3, piece_s * (1.0 - s.gil_share) / s.gil_share)
+        time.sleep(min(sleep_s, 0.05))
+        self._piece_cpu0 = time.thread_time()
 
     def _mark(self, phase: str) -> None:
         """End of a window phase: wall time, and this thread's CPU time (what graphmon itself

@@ -664,3 +664,23 @@ def test_taps_get_what_the_sink_gets():
         src.stop()
         assert isinstance(got[0], kind) and isinstance(taps[0], kind)
         assert (src.last_window is None) == records_sink
+
+
+@pytest.mark.parametrize("share", [0.25, 1.0])
+def test_the_collector_yields_the_gil_in_proportion_to_its_work(share):
+    # after a piece of C s of CPU the collector sleeps C*(1-share)/share (at least yield_ms), so a
+    # host thread that needs the GIL all the time keeps at least 1-share of it
+    src = CuptiSource(FakeCupti(), settings=CuptiSettings(gil_share=share, yield_ms=0.1))
+    src._piece_cpu0 = time.thread_time()
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < 0.006:
+        pass
+    t0 = time.perf_counter()
+    src._yield()
+    slept_s = time.perf_counter() - t0
+    if share == 1.0:
+        assert slept_s < 0.004  # only yield_ms (0.1 ms) and the scheduler
+    else:
+        assert 0.017 <= slept_s < 0.045  # 3 x 6 ms
+    # the next piece is measured from the end of this sleep, not from the piece before
+    assert time.thread_time() - src._piece_cpu0 < 0.002
