@@ -176,16 +176,18 @@ def decode_server_workload(layers: int, steps_per_call: int):
 
 
 # ---------------------------------------------------------------------- measurement
-def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
-    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times.
-
-    Every phase, off and on, starts with an untimed full collection: attach() and detach()
+def sweep() -> None:
+    """Before every phase, off and on, an untimed full collection: attach() and detach()
     allocate once per round (threads, settings, the collector), and a collection they trigger
     would otherwise land in whichever phase follows (a 7-28 ms gen-2 pause in an HF process).
     Collections the phase's own steady state triggers still land in it (counted per phase)."""
     import gc
 
     gc.collect()
+
+
+def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times."""
     steps, ends, t0 = [], [], time.monotonic()
     while time.monotonic() - t0 < seconds:
         t = run_once()
@@ -256,6 +258,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         # off then on in even rounds, on then off in odd ones: a drift over the run (clocks,
         # other tenants) cancels in the mean instead of showing up as overhead
         if r % 2 == 0:
+            sweep()
             t_off0 = time.time()
             off, off_ends = phase(run_once, seconds)
             t_off1 = time.time()
@@ -274,6 +277,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             while src.health().state == "starting" and time.monotonic() - t_w < 5:
                 time.sleep(0.01)
         attach_ms = (time.perf_counter() - t_att) * 1e3
+        sweep()
         on, on_ends = phase(run_once, seconds)
         stats = dict(src.stats) if src is not None else {}
         health = src.health() if src is not None else None
@@ -283,6 +287,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
               "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
         if r % 2 == 1:
+            sweep()
             t_off0 = time.time()
             off, off_ends = phase(run_once, seconds)
             t_off1 = time.time()

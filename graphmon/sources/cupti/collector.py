@@ -35,7 +35,7 @@ from graphmon.sources.cupti.assemble import raw_columns, window_records
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
-from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore, concat_columns
+from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore, concat_columns, warm_up
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 
 log = logging.getLogger("graphmon.cupti")
@@ -88,6 +88,7 @@ class CuptiSource(Source):
         self._ingest_records = 0
         self._piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
         self._piece_cpu0 = 0.0  # thread_time() when the collector last yielded (_yield)
+        self._warmed = False
 
         self.stats: dict[str, float] = dict.fromkeys((
             "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
@@ -207,6 +208,12 @@ class CuptiSource(Source):
                 return False
             self._subscribed = True
             self.set_state("running")
+            if not self._warmed:  # after subscribing: a graph instantiated meanwhile is seen
+                self._warmed = True
+                try:
+                    warm_up()  # numpy's first calls at attach, not in the first window
+                except Exception:
+                    self.count_error("warm_up")
             return True
         except Exception as e:
             self.count_error("setup")

@@ -148,3 +148,33 @@ def test_name_table_reads_each_pointer_once():
     assert table.ids(np.array([8], np.uint64)).tolist() == [0] and table.names == ["k2"]
     assert sorted(reads) == [7, 8, 9, 10]  # each pointer read once for the process
 
+
+
+def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
+    # a fresh interpreter: the first real buffer after warm_up() costs what later ones do
+    import subprocess
+    import sys
+
+    code = (
+        "import time, numpy as np\n"
+        "from graphmon.sources.cupti.records import warm_up, BufferDecoder, NameTable\n"
+        "from fake_cupti import KERNEL13_BYTES, pack_kernel\n"
+        "warm = {'1': True, '0': False}[__import__('sys').argv[1]]\n"
+        "if warm: warm_up()\n"
+        "buf = bytearray(500 * KERNEL13_BYTES)\n"
+        "for i in range(500): pack_kernel(buf, i * KERNEL13_BYTES, start=i, end=i + 1, stream=7, corr=i, name_ptr=64 + i % 5)\n"
+        "data = np.frombuffer(bytes(buf), np.uint8)\n"
+        "dec = BufferDecoder(walk=lambda d: np.arange(0, len(d), KERNEL13_BYTES), record_bytes=KERNEL13_BYTES)\n"
+        "names = NameTable(lambda p: str(p))\n"
+        "t = []\n"
+        "for _ in range(3):\n"
+        "    c = time.thread_time(); names.ids(dec.decode(data).name_ptr); t.append(time.thread_time() - c)\n"
+        "print(t[0] / max(min(t[1:]), 1e-6))\n"
+    )
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    ratio = {w: float(subprocess.run([sys.executable, "-c", code, w], env=env, capture_output=True, text=True,
+                                     check=True).stdout) for w in ("0", "1")}
+    assert ratio["0"] > 5 * ratio["1"], ratio  # cold: many times a warm decode; warmed: about the same
