@@ -91,6 +91,8 @@ def run(sink_kind: str, windows: int) -> dict:
             "cpu_ms_after_window_median": float(np.median([sum(per_phase(p, True).get(k, 0.0) for k in post) for p in logs])),
             "cpu_ms_total_median": float(np.median([sum(per_phase(p, True).values()) for p in logs])),
             "decode_ms_median": float(np.median([p["decode_ms"] for p in logs])),
+            # of the decode CPU: records -> columns, then store + kernel-name ids
+            "decode_parts_cpu_ms_median": [float(np.median([p["decode_parts_cpu_ms"][i] for p in logs])) for i in range(2)],
             "first_window_cpu_ms": per_phase(first, True) if first else None}
 
 

@@ -220,7 +220,9 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
         rows = {"phases_ms": {k: (t - p) * 1e3 for (_, p), (k, t) in zip(marks, marks[1:])},
                 # the collector thread's own CPU per phase: what graphmon itself spent (its GIL)
                 "cpu_ms": {k: (t - p) * 1e3 for (_, p), (k, t) in zip(cmarks, cmarks[1:])},
-                "decode_ms": ph.get("decode_ms"), "decode_cpu_ms": ph.get("decode_cpu_ms"), "long_steps": []}
+                "decode_ms": ph.get("decode_ms"), "decode_cpu_ms": ph.get("decode_cpu_ms"),
+                # of decode_cpu_ms: records -> columns, then store + kernel-name ids (new names read once)
+                "decode_parts_cpu_ms": ph.get("decode_parts_cpu_ms"), "long_steps": []}
         rows["cpu_ms_total"] = sum(rows["cpu_ms"].values())
         rows["cpu_ms_after_window"] = sum(v for k, v in rows["cpu_ms"].items() if k not in ("ref", "window"))
         t_end = marks[-1][1]

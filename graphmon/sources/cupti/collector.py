@@ -85,6 +85,7 @@ class CuptiSource(Source):
         self._store_names: list = []  # name ids of the stored records, per buffer
         self._ingest_s = 0.0  # wall time decoding (includes waits for the host's GIL)
         self._ingest_cpu_s = 0.0  # this thread's CPU time decoding: graphmon's own cost
+        self._ingest_parts_s = [0.0, 0.0]  # of it: decode (records -> columns), store + name ids
         self._ingest_records = 0
         self._piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
         self._piece_cpu0 = 0.0  # thread_time() when the collector last yielded (_yield)
@@ -98,7 +99,8 @@ class CuptiSource(Source):
         self.last_window: Optional[Window] = None
         self.taps: list[Sink] = []  # extra consumers of what the sink gets (benchmarks, record mode); errors counted
         # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink),
-        # decode_ms / decode_cpu_ms (wall / this thread's CPU), and "cpu": thread_time() at the same marks
+        # decode_ms / decode_cpu_ms (wall / this thread's CPU), decode_parts_cpu_ms (of it: decode, store +
+        # name ids), and "cpu": thread_time() at the same marks
         self.phase_log: deque[dict[str, Any]] = deque(maxlen=256)
         self._phases: dict[str, Any] = {}
 
@@ -261,6 +263,7 @@ class CuptiSource(Source):
         timer = self._timer if self.observer == "events" else None
         ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
                              "decode_cpu_ms": -self._ingest_cpu_s * 1e3,
+                             "decode_parts_cpu_ms": [-x * 1e3 for x in self._ingest_parts_s],
                              "cpu": {"t0": time.thread_time()}}
         # reference phase: launches timed with events, tracing off; a sampling window's size, never a
         # capture's duration (it would take the capture's launches and events, leaving the window none)
@@ -369,6 +372,8 @@ class CuptiSource(Source):
         self._mark("sink")
         self._phases["decode_ms"] += self._ingest_s * 1e3
         self._phases["decode_cpu_ms"] += self._ingest_cpu_s * 1e3
+        self._phases["decode_parts_cpu_ms"] = [a + b * 1e3 for a, b in
+                                               zip(self._phases["decode_parts_cpu_ms"], self._ingest_parts_s)]
         self.phase_log.append(self._phases)
 
     def _yield(self) -> None:
@@ -476,12 +481,16 @@ class CuptiSource(Source):
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 cols = self._decoder.decode(buf.data)
+                c1 = time.thread_time()
                 n0 = self._store.n_records
                 self._store.add(cols)
                 kept = self._store.n_records - n0
                 if kept:
                     self._store_names.append(self._names.ids(cols.name_ptr[:kept]))
                 self._ingest_records += len(cols)
+                parts = self._ingest_parts_s  # where a buffer's CPU goes: records -> columns, then name ids
+                parts[0] += c1 - c0
+                parts[1] += time.thread_time() - c1
             except Exception:
                 self.count_error("buffer_completed")
             finally:

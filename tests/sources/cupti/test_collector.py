@@ -91,6 +91,12 @@ def test_window_records_are_exact_and_linked_to_graphs():
     # launches after the 6th, traced until the collector closed the window, are excluded as such
     assert set(t.invalid) <= {"launched_outside_window"} and windows[1].dropped == 0
     assert src.stats["ingest_records_per_s"] > 0
+    # the phase log splits each window's decode CPU: records -> columns, then store + name ids
+    ph = [p for p in src.phase_log if "sink" in p]
+    assert len(ph) >= 2
+    for p in ph:
+        dec, names = p["decode_parts_cpu_ms"]
+        assert dec > 0 and names > 0 and dec + names <= p["decode_cpu_ms"] + 1e-6
 
 
 def test_upload_modes_detected():
