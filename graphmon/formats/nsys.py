@@ -47,10 +47,15 @@ def read_nsys(path: str, limits: ReadLimits) -> Trace:
         con = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as e:
         raise TraceError(f"cannot open SQLite file: {e}") from None
+    # a damaged file can hold TEXT that is not UTF-8 (hypothesis found one in EXPORT_META_DATA):
+    # decode it with replacement characters instead of raising UnicodeDecodeError mid-read
+    con.text_factory = lambda b: b.decode("utf-8", "replace")
     try:
         return _read(con, path, limits)
     except sqlite3.Error as e:  # "file is not a database", "database disk image is malformed", ...
         raise TraceError(f"bad SQLite file: {e}") from None
+    except UnicodeDecodeError:  # SQLite's own message about a damaged schema, in bytes that are not UTF-8
+        raise TraceError("bad SQLite file: damaged schema (its text is not UTF-8)") from None
     finally:
         con.close()
 

@@ -212,3 +212,37 @@ def test_damaged_exports_give_a_trace_or_one_line(ops, tmp_path_factory):
         assert str(e).startswith(f"{p}: ") and "\n" not in str(e)
     else:
         assert t.meta["format"] == "nsys-sqlite" and len(t) == len(t.end_ns)
+
+
+def test_text_that_is_not_utf8_is_read_with_replacement_characters(tmp_path):
+    # found by the fuzz test above: a damaged export's TEXT value that is not UTF-8 raised
+    # UnicodeDecodeError out of the reader instead of giving a trace or a one-line error
+    p = tmp_path / "bad-text.sqlite"
+    shutil.copy(PIPIT, p)
+    con = sqlite3.connect(p)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"EXPORT_META_DATA", "StringIds"} <= tables
+    con.execute("UPDATE EXPORT_META_DATA SET value = CAST(X'3280FF' AS TEXT) WHERE name = 'EXPORT_PRODUCT_VERSION'")
+    con.execute("UPDATE StringIds SET value = CAST(X'6B80FF' AS TEXT) WHERE id IN (SELECT mangledName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)")
+    con.commit()
+    con.close()
+    t = read_trace(p, progress=False)
+    assert t.meta["format"] == "nsys-sqlite" and len(t) > 0
+    assert t.meta.get("nsys_version", "").startswith("2")
+    assert any("\ufffd" in n for n in t.names)
+
+
+def test_sqlite_messages_that_are_not_utf8_become_one_line(monkeypatch, tmp_path):
+    # SQLite's own error message about a damaged schema can quote bytes that are not UTF-8: the
+    # sqlite3 module then raises UnicodeDecodeError while building the exception (fuzz: CI)
+    from graphmon.formats import nsys
+
+    def damaged(con, path, limits):
+        raise UnicodeDecodeError("utf-8", b"\x80", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(nsys, "_read", damaged)
+    p = tmp_path / "x.sqlite"
+    shutil.copy(PIPIT, p)
+    with pytest.raises(TraceError) as e:
+        read_trace(p, progress=False)
+    assert str(e.value) == f"{p}: bad SQLite file: damaged schema (its text is not UTF-8)"
