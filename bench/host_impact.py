@@ -186,6 +186,20 @@ def sweep() -> None:
     gc.collect()
 
 
+def off_phase(run_once, seconds: float):
+    """A swept, timed "off" phase: its steps, their end times, its wall span (for the ticker)
+    and its collections by generation."""
+    sweep()
+    t0 = time.time()
+    off, ends = phase(run_once, seconds)
+    return off, ends, t0, time.time(), phase_gc(off, ends)
+
+
+def phase_gc(steps: np.ndarray, ends: np.ndarray) -> list[int]:
+    """Collections by generation that started during a phase's steps."""
+    return GC.counts(ends[0] - steps[0], ends[-1]) if len(steps) else [0, 0, 0]
+
+
 def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
     """Step durations (s) and each step's end time (perf_counter s); run_once gives end times."""
     steps, ends, t0 = [], [], time.monotonic()
@@ -260,11 +274,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         # off then on in even rounds, on then off in odd ones: a drift over the run (clocks,
         # other tenants) cancels in the mean instead of showing up as overhead
         if r % 2 == 0:
-            sweep()
-            t_off0 = time.time()
-            off, off_ends = phase(run_once, seconds)
-            t_off1 = time.time()
-            gc_off = GC.counts(off_ends[0] - off[0], off_ends[-1]) if len(off) else [0, 0, 0]
+            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, seconds)
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
         # a light collector that ships windows to the agent process; else the whole exporter here
@@ -289,12 +299,8 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
               "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
         if r % 2 == 1:
-            sweep()
-            t_off0 = time.time()
-            off, off_ends = phase(run_once, seconds)
-            t_off1 = time.time()
-            gc_off = GC.counts(off_ends[0] - off[0], off_ends[-1]) if len(off) else [0, 0, 0]
-        gc_on = GC.counts(on_ends[0] - on[0], on_ends[-1]) if len(on) else [0, 0, 0]
+            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, seconds)
+        gc_on = phase_gc(on, on_ends)
         tl = timeline(plog, on, on_ends, float(np.median(off)))
         timelines.append({"round": r, **tl})
         off_gc = GC.overlapping(off_ends - off, off_ends)

@@ -136,7 +136,6 @@ class BufferDecoder:
     walk: Callable[[np.ndarray], np.ndarray]
     record_bytes: int = 0  # 0: measure on the first buffer holding two kernel records
     stats: DecodeStats = field(default_factory=DecodeStats)
-    _dtype_cache: Optional[np.dtype] = field(default=None, repr=False)
     _scratch: Optional[np.ndarray] = field(default=None, repr=False)  # (records, 9) words of the buffer being decoded
 
     def decode(self, data: np.ndarray) -> KernelColumns:
@@ -150,7 +149,7 @@ class BufferDecoder:
             n = n_bytes // rb
             if data.ctypes.data % 8 == 0:
                 return self._words(data, n)
-            rec = np.frombuffer(data, self._dtype(rb), count=n)  # unaligned (never from CUPTI's pool)
+            rec = np.frombuffer(data, kernel_dtype(rb), count=n)  # unaligned (never from CUPTI's pool)
             if (rec["kind"] == KIND_CONCURRENT_KERNEL).all():
                 st.records += n
                 return KernelColumns.from_records(rec)
@@ -171,15 +170,10 @@ class BufferDecoder:
             return self._walk(data)
         self.stats.records += n
         i = words.view(np.int64)
-        return KernelColumns(start_ns=i[:, 1].copy(), end_ns=i[:, 2].copy(), stream=(i[:, 4] & 0xFFFF_FFFF),
+        return KernelColumns(start_ns=i[:, 1].copy(), end_ns=i[:, 2].copy(), stream=(words[:, 4] & _LO32).view(np.int64),
                              device=(words[:, 3] & _LO32).astype(np.int32), graph_id=(words[:, 8] >> _HI32).view(np.int64),
                              graph_node_id=i[:, 7].copy(), correlation_id=(words[:, 5] >> _HI32).view(np.int64),
                              name_ptr=words[:, 6].copy())
-
-    def _dtype(self, record_bytes: int) -> np.dtype:
-        if self._dtype_cache is None or self._dtype_cache.itemsize != record_bytes:
-            self._dtype_cache = kernel_dtype(record_bytes)
-        return self._dtype_cache
 
     def _measure(self, data: np.ndarray) -> None:
         """The record size from libcupti's own walk of the buffer's first records only: walking
