@@ -45,7 +45,7 @@ def run(sink_kind: str, windows: int) -> dict:
     from graphmon.model.wire import encode_window
 
     fake = FakeCupti(buffer_bytes=1 << 20)
-    s = CuptiSettings(interval_s=0.15, first_window_s=0.0, poll_s=0.01, drain_ms=0)
+    s = CuptiSettings(interval_s=0.15, first_window_s=0.0, poll_s=0.01, drain_ms=0, max_traced_share=1.0)
     got: list = []
 
     def sink(w):

@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 from graphmon.settings import CuptiSettings
-from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore, concat_columns
+from graphmon.sources.cupti.collector import _BATCH_PIECE_S
+from graphmon.sources.cupti.records import BufferDecoder, ColumnArena, NameTable, RecordStore
 
 RECORD_BYTES = 248  # CUpti_ActivityKernel13 (CUPTI 13.4)
 
@@ -74,32 +75,32 @@ class Ticker(threading.Thread):
             last = now
 
 
-def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray], max_records: int,
-                  holds: list[float], yield_s: float = CuptiSettings().yield_ms / 1e3) -> int:
-    """What the collector does per window: decode + name ids, one buffer per GIL hold, then the
-    window's buffers joined in pieces. Appends each piece's CPU time (time.thread_time: the work
-    between two yields, without the waits for the GIL a busy machine adds) to ``holds``."""
-    store = RecordStore(max_records)
+def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray], store: RecordStore,
+                  holds: list[float], yield_s: float = CuptiSettings().yield_ms / 1e3,
+                  batch_s: float = _BATCH_PIECE_S, arena: "ColumnArena | None" = None) -> int:
+    """What the collector does per window: each buffer gathered into the window's store (the
+    store reused from window to window), pieces of work up to ``batch_s`` of CPU between yields,
+    then the window's columns and name ids made chunk by chunk (into ``arena``: the light
+    collector's reused columns, which its link copies at once). Appends each piece's CPU time
+    (time.thread_time: the work between two yields, without the waits for the GIL a busy
+    machine adds) to ``holds``."""
+    store.clear()
     names.new_window()
-    ids = []
-    for b in buffers:
-        c0 = time.thread_time()
-        cols = dec.decode(b)
-        store.add(cols)
-        ids.append(names.ids(cols.name_ptr))
-        holds.append(time.thread_time() - c0)
-        time.sleep(yield_s)  # the collector yields between buffers (CuptiSource._yield)
     marks = [time.thread_time()]
 
-    def pause():  # the collector yields between pieces of the window's join
-        holds.append(time.thread_time() - marks[-1])
+    def pause(min_s: float = 0.0):  # CuptiSource._yield
+        piece = time.thread_time() - marks[-1]
+        if piece < min_s:
+            return
+        holds.append(piece)
         time.sleep(yield_s)
         marks.append(time.thread_time())
 
-    cols = store.take(pause)
-    if len(ids) > 1:
-        pause()
-        concat_columns([[i] for i in ids], pause)
+    for b in buffers:
+        dec.gather(b, store)
+        pause(batch_s)
+    pause()
+    cols, _ = store.take(pause, names.ids, arena)
     holds.append(time.thread_time() - marks[-1])
     return len(cols)
 
@@ -112,7 +113,8 @@ def main() -> None:
     s = CuptiSettings()
     dec = BufferDecoder(walk=walk)
     names = NameTable(lambda p: f"kernel_{p:x}")
-    decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), s.max_window_records, [])  # measure + warm
+    store, arena = RecordStore(s.max_window_records), ColumnArena()
+    decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), store, [], arena=arena)  # measure + warm
 
     res: dict = {"record_bytes": RECORD_BYTES, "buffer_size_bytes": s.buffer_size_bytes,
                  "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES, "loadavg_before": os.getloadavg()}
@@ -129,7 +131,7 @@ def main() -> None:
     for _ in range(a.windows):
         ticker.reset()
         holds: list[float] = []
-        n = decode_window(dec, names, win, s.max_window_records, holds)
+        n = decode_window(dec, names, win, store, holds, arena=arena)
         time.sleep(0.003)  # let the ticker see the end of the window
         hold_max.append(max(holds))
         busy.append(sum(holds))
@@ -150,7 +152,7 @@ def main() -> None:
     ticker.reset()
     holds = []
     t0 = time.perf_counter()
-    n = decode_window(dec, names, big, 2_000_000, holds)
+    n = decode_window(dec, names, big, RecordStore(2_000_000), holds)
     wall = time.perf_counter() - t0  # includes the yields
     time.sleep(0.003)
     res["records_2m"] = {"records": n, "buffers": len(big), "decode_seconds": sum(holds), "wall_seconds": wall,

@@ -261,8 +261,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
-    keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "window_launches", "window_duration_ms",
-            "max_drain_ms", "close", "buffer_size_bytes", "max_buffers", "max_window_records")
+    keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "max_traced_share", "max_interval_s",
+            "window_launches", "window_duration_ms", "max_drain_ms", "close", "buffer_size_bytes", "max_buffers",
+            "max_window_records")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
@@ -318,7 +319,8 @@ def _add_attach_flags(p: argparse.ArgumentParser) -> None:
 
     _add_server_flags(p, replay=False)
     fields = CuptiSettings.model_fields  # the one source of CUPTI defaults (env GRAPHMON_<FIELD> too)
-    for name, typ, extra in (("interval_s", float, ""), ("window_launches", int, ""), ("window_duration_ms", float, ""),
+    for name, typ, extra in (("interval_s", float, ""), ("max_traced_share", float, ""), ("max_interval_s", float, ""),
+                             ("window_launches", int, ""), ("window_duration_ms", float, ""),
                              ("max_drain_ms", float, ""), ("buffer_size_bytes", int, ""), ("max_buffers", int, ""),
                              ("max_window_records", int, "")):
         f = fields[name]
@@ -383,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(ag, replay=False)
     ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
                     "temporary directory; use a shared volume for a sidecar)")
-    ag.set_defaults(func=_cmd_agent, interval_s=None, window_launches=None, window_duration_ms=None,
+    ag.set_defaults(func=_cmd_agent, interval_s=None, max_traced_share=None, max_interval_s=None, window_launches=None,
+                    window_duration_ms=None,
                     window_interval_s=None, max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file",
                         description="Needs cupti-python in graphmon's environment: without it, record exits 2 "

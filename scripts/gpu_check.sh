@@ -39,7 +39,7 @@ fi
 
 if has live; then
   echo "== graphmon run -- examples/decode_server.py, scraped live"
-  $PY -m graphmon.cli run --port 9477 --interval-s 2 -- $PY examples/decode_server.py --seconds 20 --layers 24 \
+  $PY -m graphmon.cli run --port 9477 --interval-s 2 --max-traced-share 1 -- $PY examples/decode_server.py --seconds 20 --layers 24 \
     > "$OUT/all/run.log" 2>&1 &
   RUN=$!
   sleep 15

@@ -170,7 +170,8 @@ def run_under_agent(tmp_path, script, *args):
     go = tmp_path / "go"
     env = dict(os.environ, TMPDIR=str(tmp_path), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     env.pop("GRAPHMON_AGENT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", "2", "--",
+    proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", "2",
+                             "--max-traced-share", "1", "--",
                              sys.executable, str(script), str(tmp_path), str(go), *args],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:

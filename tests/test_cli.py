@@ -155,19 +155,21 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
     code = "import os; print(os.environ.get('GRAPHMON_ATTACH_JSON'))"
     r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--close", "disable_first", "--max-drain-ms", "80",
                         "--window-launches", "8", "--buffer-size-bytes", "65536", "--max-buffers", "4",
-                        "--max-window-records", "1000", "--", sys.executable, "-c", code],
+                        "--max-window-records", "1000", "--max-traced-share", "0.01", "--max-interval-s", "30",
+                        "--", sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     sent = json.loads(r.stdout.strip().splitlines()[-1])
     assert sent == {"close": "disable_first", "max_drain_ms": 80.0, "window_launches": 8, "buffer_size_bytes": 65536,
-                    "max_buffers": 4, "max_window_records": 1000}
+                    "max_buffers": 4, "max_window_records": 1000, "max_traced_share": 0.01, "max_interval_s": 30.0}
     assert set(sent) <= set(CuptiSettings.model_fields)  # attach() hands them to the CUPTI source
     assert CuptiSettings(**sent).max_buffers == 4
     d = {k: f.default for k, f in CuptiSettings.model_fields.items()}
     (run,) = [a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run")]
     text = " ".join(run.format_help().split())
     for flag, key in (("--interval-s", "interval_s"), ("--window-duration-ms", "window_duration_ms"),
-                      ("--max-drain-ms", "max_drain_ms")):
+                      ("--max-drain-ms", "max_drain_ms"), ("--max-traced-share", "max_traced_share"),
+                      ("--max-interval-s", "max_interval_s")):
         assert f"(default {d[key]:g};" in text, flag
     for flag, key in (("--window-launches", "window_launches"), ("--buffer-size-bytes", "buffer_size_bytes"),
                       ("--max-buffers", "max_buffers"), ("--max-window-records", "max_window_records")):

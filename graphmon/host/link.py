@@ -302,7 +302,9 @@ class LightCollector:
             settings = CuptiSettings(**source_kwargs)
         self.source = CuptiSource(cupti=cupti, settings=settings)
         self.source.records_sink = True  # ship records unfiltered: the agent filters and validates
-        self.interval_s = float(settings.interval_s)
+        # the longest wait between windows (the tracing budget can stretch interval_s up to
+        # max_interval_s): the agent's no-window check counts in these
+        self.interval_s = max(float(settings.interval_s), float(settings.max_interval_s))
         self.first_window_s = float(settings.first_window_s)
         self.windows = 0
         self.empty_windows = 0  # saw graph launches, kept no record

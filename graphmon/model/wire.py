@@ -57,8 +57,8 @@ def encode_message(kind: str, **fields: Any) -> bytes:
     return frame({"type": kind, "v": WIRE_VERSION, **fields})
 
 
-def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]] = None) -> bytes:
-    """A window as one frame. Copies each column once (tobytes); no Python object per record.
+def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]] = None) -> bytearray:
+    """A window as one frame. Copies each column once; no Python object per record.
     ``status``: the sender's state at this window (small JSON), so the two arrive together.
     WindowRecords (a light collector's unfiltered records) travel as they are, marked
     ``"filtered": false``: the receiver runs the window-edge filtering (model/edges.assemble)."""
@@ -69,11 +69,8 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
         t = w.trace
         kernels, launches, filtered = {k: getattr(t, k) for k in KERNEL_COLUMNS}, t.launches, True
         names, labels, graphs, invalid, meta = t.names, t.labels, t.graphs, t.invalid, t.meta
-    cols, bufs = [], []
-    for part, name, dt in _COLS:
-        a = np.ascontiguousarray((kernels if part == "k" else launches)[name], dtype=dt)
-        cols.append([part, name, len(a)])
-        bufs.append(a.tobytes())
+    arrays = [np.asarray((kernels if part == "k" else launches)[name]) for part, name, _ in _COLS]
+    cols = [[part, name, len(a)] for (part, name, _), a in zip(_COLS, arrays)]
     header = {
         "type": "window", "v": WIRE_VERSION, "columns": cols, "filtered": filtered,
         "names": list(names), "labels": list(labels), "graphs": [asdict(g) for g in graphs],
@@ -84,7 +81,19 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
     }
     if status is not None:
         header["status"] = dict(status)
-    return frame(header, bufs)
+    # One allocation for the whole frame and one copy of each column into it (the collector
+    # thread encodes: tobytes() then a join copied every column twice more, into fresh memory
+    # whose page faults cost more than the copies)
+    h = json.dumps(header, separators=(",", ":"), default=str).encode()
+    body = sum(len(a) * dt.itemsize for a, (_, _, dt) in zip(arrays, _COLS))
+    out = bytearray(_LEN.size + len(h) + body)
+    _LEN.pack_into(out, 0, 4 + len(h) + body, len(h))
+    at = _LEN.size + len(h)
+    out[_LEN.size:at] = h
+    for a, (_, _, dt) in zip(arrays, _COLS):
+        np.copyto(np.frombuffer(out, dt, count=len(a), offset=at), a, casting="unsafe")
+        at += len(a) * dt.itemsize
+    return out
 
 
 # ---------------------------------------------------------------------- decoding (untrusted input)

@@ -163,7 +163,7 @@ def test_record_through_the_agent_writes_one_file_per_rank(tmp_path):
     out = tmp_path / "rec.graphmon.npz"
     # workers run until FAKE_STOP exists: stop them once both files are written
     p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "record", "-o", str(out), "--windows", "2",
-                          "--interval-s", "0.1", "--window-launches", "4", "--", sys.executable, "-m", "fake_engine",
+                          "--interval-s", "0.1", "--max-traced-share", "1", "--window-launches", "4", "--", sys.executable, "-m", "fake_engine",
                           "torchrun", "2"], env={**env, "FAKE_STOP": str(tmp_path / "stop")}, stderr=subprocess.PIPE,
                          text=True)
     try:

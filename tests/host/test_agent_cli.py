@@ -18,7 +18,7 @@ ROOT = TESTS.parent
 
 CHILD = """
     import os, time, graphmon, torch
-    lc = graphmon.attach(interval_s=0.1, first_window_s=0.0, window_launches=4)
+    lc = graphmon.attach(interval_s=0.1, first_window_s=0.0, window_launches=4, max_traced_share=1.0)
     assert type(lc).__name__ == "LightCollector", lc
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

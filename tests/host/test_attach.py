@@ -19,7 +19,7 @@ from graphmon.formats.read import read_trace
 
 from fake_cupti import FakeCupti, decode_like  # noqa: E402
 
-FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0)
+FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, max_traced_share=1.0)
 
 
 @pytest.fixture(autouse=True)
@@ -67,11 +67,12 @@ def test_graphmon_env_variables_reach_the_cupti_source(monkeypatch):
     monkeypatch.setenv("GRAPHMON_INTERVAL_S", "0.05")
     monkeypatch.setenv("GRAPHMON_MAX_BUFFERS", "7")
     monkeypatch.setenv("GRAPHMON_WINDOW_LAUNCHES", "3")
+    monkeypatch.setenv("GRAPHMON_MAX_TRACED_SHARE", "1")
     fake = FakeCupti()
     ex = graphmon.attach(cupti=fake, port=0, serve=False, first_window_s=0.0, window_launches=5)
     assert ex is not None
     s = attach_mod.attached().source.settings
-    assert (s.interval_s, s.max_buffers, s.window_launches) == (0.05, 7, 5)
+    assert (s.interval_s, s.max_buffers, s.window_launches, s.max_traced_share) == (0.05, 7, 5, 1.0)
     h = fake.instantiate(decode_like(1))
     # 0.05 s between windows (the default is 10 s): several windows within a second or two
     assert _launch_until(fake, h, lambda: len(ex.snapshot().windows) >= 1 and ex.source.stats["windows"] >= 3)

@@ -18,7 +18,7 @@ from graphmon.sources import remote
 
 from fake_cupti import FakeCupti, decode_like
 
-FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0)
+FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, max_traced_share=1.0)
 
 
 

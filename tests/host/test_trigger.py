@@ -28,7 +28,7 @@ def agent():
 
 def _child(code, agent=None, extra_path=(), **env):
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, extra_path), str(ROOT), str(TESTS), str(TESTS / "fake_site")]), GRAPHMON_CUPTI_API="cupti:cupti",
-             GRAPHMON_ATTACH_JSON='{"interval_s": 0.05, "first_window_s": 0.0, "window_launches": 4}', **env)
+             GRAPHMON_ATTACH_JSON='{"interval_s": 0.05, "first_window_s": 0.0, "window_launches": 4, "max_traced_share": 1.0}', **env)
     e.pop("GRAPHMON_AGENT", None)
     if agent is not None:
         e["GRAPHMON_AGENT"] = agent.socket_path

@@ -30,7 +30,7 @@ class Run:
         for v in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
             env.pop(v, None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", str(INTERVAL_S),
+            [sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--interval-s", str(INTERVAL_S), "--max-traced-share", "1",
              "--window-launches", "4", *extra, "--", sys.executable, "-m", "fake_engine", *cmd],
             env=env, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
         line = self.proc.stderr.readline()

@@ -379,7 +379,8 @@ def test_refresh_never_publishes_an_older_snapshot_after_a_newer_one():
 
 # ---------------------------------------------------------------------- fake CUPTI faults
 
-FAST = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005)
+FAST = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+            max_traced_share=1.0)
 
 
 @pytest.fixture

@@ -165,7 +165,7 @@ def test_sigterm_to_graphmon_serve_during_windows_exits_cleanly():
 def test_second_attach_is_a_noop_with_a_warning(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     fake = FakeCupti()
-    ex = graphmon.attach(cupti=fake, port=0, window_launches=4, window_duration_ms=50, interval_s=0.05,
+    ex = graphmon.attach(cupti=fake, port=0, window_launches=4, window_duration_ms=50, interval_s=0.05, max_traced_share=1.0,
                          first_window_s=0.0, observer="off")
     assert ex is not None
     wait_for(lambda: fake.handler is not None, what="subscription")
@@ -188,7 +188,7 @@ import graphmon
 from graphmon.host.attach import attached
 
 fake = FakeCupti()
-ex = graphmon.attach(cupti=fake, port=0, window_launches=4, window_duration_ms=50, interval_s=0.05,
+ex = graphmon.attach(cupti=fake, port=0, window_launches=4, window_duration_ms=50, interval_s=0.05, max_traced_share=1.0,
                      first_window_s=0.0, observer="off")
 h = fake.instantiate(decode_like(2))
 stop = threading.Event()
@@ -222,7 +222,8 @@ if pid == 0:
     ok = len(analyze(synthetic_trace()).gaps) > 0 and float(np.arange(1000).sum()) == 499500.0
     names = [t.name for t in threading.enumerate()]
     print("child:", "attached" if attached() is not None else "detached", names, flush=True)
-    again = graphmon.attach(cupti=FakeCupti(), serve=False, window_launches=4, interval_s=0.05, observer="off")
+    again = graphmon.attach(cupti=FakeCupti(), serve=False, window_launches=4, interval_s=0.05, observer="off",
+                            max_traced_share=1.0)
     print("child re-attach:", again is not None and again is not ex, flush=True)
     sys.exit(0 if ok else 3)  # a normal exit: atexit handlers (graphmon.detach) run in the child
 release.set()

@@ -35,10 +35,12 @@ from graphmon.sources.cupti.assemble import raw_columns, window_records
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
-from graphmon.sources.cupti.records import BufferDecoder, NameTable, RecordStore, concat_columns, warm_up
+from graphmon.sources.cupti.records import BufferDecoder, ColumnArena, NameTable, RecordStore, warm_up
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 
 log = logging.getLogger("graphmon.cupti")
+
+_BATCH_PIECE_S = 2e-4  # buffers gathered in one GIL hold until their CPU reaches this (then a yield)
 
 
 class CuptiSource(Source):
@@ -80,24 +82,28 @@ class CuptiSource(Source):
 
         # records: only the collector thread decodes and stores
         self._decoder: Optional[BufferDecoder] = None
-        self._store = RecordStore(s.max_window_records)
+        self._store = RecordStore(s.max_window_records)  # reused from window to window
+        self._arena = ColumnArena()  # a records sink's columns, reused (the link copies them at once)
         self._names: Optional[NameTable] = None
-        self._store_names: list = []  # name ids of the stored records, per buffer
         self._ingest_s = 0.0  # wall time decoding (includes waits for the host's GIL)
         self._ingest_cpu_s = 0.0  # this thread's CPU time decoding: graphmon's own cost
-        self._ingest_parts_s = [0.0, 0.0]  # of it: decode (records -> columns), store + name ids
+        self._ingest_parts_s = [0.0, 0.0]  # of it: per buffer (gather into the store), at the window's end (columns + name ids)
         self._ingest_records = 0
         self._piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
         self._piece_cpu0 = 0.0  # thread_time() when the collector last yielded (_yield)
+        self._hold_cpu_max_s = 0.0  # the window's longest piece of work between two yields, CPU
         self._warmed = False
+        self._traced_s = 0.0  # the last window's span with kernel tracing on (enable to disable)
 
         self.stats: dict[str, float] = dict.fromkeys((
             "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
-            "decode_cpu_max_ms", "last_window_ms", "last_flush_ms",
+            "decode_cpu_max_ms", "hold_cpu_max_ms", "buffers", "traced_ms", "interval_s", "last_window_ms", "last_flush_ms",
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
             "launch_cb_reenabled", "repeated_correlation"), 0)
         self.last_window: Optional[Window] = None
-        self.taps: list[Sink] = []  # extra consumers of what the sink gets (benchmarks, record mode); errors counted
+        # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
+        # records_sink, the records' columns are reused by the next window: copy what you keep
+        self.taps: list[Sink] = []
         # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink),
         # decode_ms / decode_cpu_ms (wall / this thread's CPU), decode_parts_cpu_ms (of it: decode, store +
         # name ids), and "cpu": thread_time() at the same marks
@@ -167,7 +173,7 @@ class CuptiSource(Source):
                 if self._captures or now >= next_window:
                     req = self._captures.popleft() if self._captures else None
                     self._window(req)
-                    next_window = time.monotonic() + s.interval_s
+                    next_window = time.monotonic() + self.next_interval_s(self._traced_s)
                     continue
                 self._wake.wait(min(s.poll_s, max(0.0, next_window - now)))
                 self._wake.clear()
@@ -179,6 +185,16 @@ class CuptiSource(Source):
                     log.exception("graphmon collector error")
                 self._stop.wait(1.0)
         self._teardown()
+
+    def next_interval_s(self, traced_s: float) -> float:
+        """Seconds to the next window after one that traced kernels for ``traced_s``: the
+        tracing budget (``max_traced_share``) within [interval_s, max_interval_s]. Traced steps
+        run 1.2-1.45x slower on the GPU (H200, decode_server); kept under 0.1% of the steps they
+        stay out of the host's p99.9 step time (bench/host_impact.py)."""
+        s = self.settings
+        wait = max(s.interval_s, min(s.max_interval_s, traced_s / s.max_traced_share))
+        self.stats["interval_s"] = wait
+        return wait
 
     def _setup(self) -> bool:
         """Subscribe and register; False (state 'blocked') when another subscriber holds CUPTI."""
@@ -261,6 +277,7 @@ class CuptiSource(Source):
             if req.replays and req.replays > self._win.capacity:
                 self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
         timer = self._timer if self.observer == "events" else None
+        self._piece_cpu0 = time.thread_time()
         ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
                              "decode_cpu_ms": -self._ingest_cpu_s * 1e3,
                              "decode_parts_cpu_ms": [-x * 1e3 for x in self._ingest_parts_s],
@@ -280,15 +297,16 @@ class CuptiSource(Source):
 
         self._ring = None  # while switching phases a launch is neither timed nor kept
         self._ingest()  # leftovers of an earlier window: not this window's
-        self._store = RecordStore(s.max_window_records)
-        self._store_names = []
+        self._store.clear()
         self._names.new_window()
         self._win.reset(n_target)
         self._set_launch_cb(True)
         started = wall_time()
         t0 = time.perf_counter()
+        self._traced_s = 0.0
         self.api.set_kernel_activity(True)
         self._ring = self._win  # before in_window: a caller that waits for it launches into the ring
+        self._phases["window_t0"] = t0
         self._in_window = True  # after enabling: every launch the window takes is traced
         self._wait_phase(self._win, dur_ms)
         self._mark("window")
@@ -316,16 +334,18 @@ class CuptiSource(Source):
         dropped = self._dropped()
         slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
         self._yield()
-        cols = self._store.take(pause=self._yield)
-        if len(self._store_names) > 1:
-            self._yield()
-            name_id = concat_columns([[a] for a in self._store_names], self._yield)[0]
-        else:
-            name_id = self._store_names[0] if self._store_names else np.zeros(0, np.int32)
-        self._store_names = []
+        discarded = self._store.discarded
+        c0, t0 = time.thread_time(), time.perf_counter()
+        # columns + name ids, a chunk per GIL hold; a records sink (the light collector's link)
+        # encodes them before the next window, so they can live in reused memory
+        arena = self._arena if self.records_sink and not self.settings.keep_raw else None
+        cols, name_id = self._store.take(self._yield, self._names.ids, arena)
+        c = time.thread_time() - c0  # ingest's second part (its sleeps are not CPU)
+        self._ingest_parts_s[1] += c
+        self._ingest_cpu_s += c
+        self._ingest_s += time.perf_counter() - t0
         self._mark("collect")  # event timing collected
         self._yield()
-        discarded = self._store.discarded
         rec = window_records(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
                              started_s=started, ended_s=ended, dropped=dropped + discarded, observer_slowdown=slowdown,
                              capture_id=req.id if req is not None else None)
@@ -346,6 +366,8 @@ class CuptiSource(Source):
             st["ingest_records_per_s_wall"] = self._ingest_records / self._ingest_s
         st["decode_cpu_max_ms"] = self._piece_cpu_max_s * 1e3
         self._piece_cpu_max_s = 0.0
+        st["buffers"] = self._decoder.stats.buffers
+        st["traced_ms"] = self._phases["traced_ms"] = self._traced_s * 1e3
         self._sync_launch_cb()
         # A light collector's sink (and taps) take the records as they are: the agent filters and
         # validates them (model/edges.assemble), so the serving process's GIL never does.
@@ -370,24 +392,38 @@ class CuptiSource(Source):
                 except Exception:
                     self.count_error("sink")
         self._mark("sink")
+        # the longest piece of this window's work between two yields (the sink's included): the
+        # longest the collector can have kept the GIL from the host in one go
+        hold_s = max(self._hold_cpu_max_s, time.thread_time() - self._piece_cpu0)
+        st["hold_cpu_max_ms"] = self._phases["hold_cpu_max_ms"] = hold_s * 1e3
+        self._hold_cpu_max_s = 0.0
         self._phases["decode_ms"] += self._ingest_s * 1e3
         self._phases["decode_cpu_ms"] += self._ingest_cpu_s * 1e3
         self._phases["decode_parts_cpu_ms"] = [a + b * 1e3 for a, b in
                                                zip(self._phases["decode_parts_cpu_ms"], self._ingest_parts_s)]
         self.phase_log.append(self._phases)
 
-    def _yield(self) -> None:
+    def _yield(self, min_piece_s: float = 0.0) -> None:
         """Between two pieces of the collector's work: sleep, so that a host thread waiting for
         the GIL takes it. time.sleep(0) hands the GIL back only if the waiter wins the race to
         it, which the thread that just released it usually does: the host then waits for
         Python's switch interval (5 ms) instead of one piece (< 0.4 ms). The sleep grows with
         the piece (``gil_share``): an HF decode loop needs the GIL nearly all the time, so on
         the H200 a window's 2-4 ms of work, yielding 0.5 ms between pieces, still stretched the
-        one or two host steps it overlapped by 1-2 ms."""
+        one or two host steps it overlapped by 1-2 ms. A piece shorter than ``min_piece_s``
+        goes on without a sleep (the next piece joins it)."""
         s = self.settings
         piece_s = max(0.0, time.thread_time() - self._piece_cpu0)
+        if piece_s < min_piece_s:
+            return
+        self._hold_cpu_max_s = max(self._hold_cpu_max_s, piece_s)
         sleep_s = max(s.yield_ms / 1e3, piece_s * (1.0 - s.gil_share) / s.gil_share)
         time.sleep(min(sleep_s, 0.05))
+        self._piece_cpu0 = time.thread_time()
+
+    def _sleep(self, seconds: float) -> None:
+        """A wait of the window's own (polling, draining): the host had the GIL, a new piece starts."""
+        time.sleep(seconds)
         self._piece_cpu0 = time.thread_time()
 
     def _mark(self, phase: str) -> None:
@@ -408,7 +444,7 @@ class CuptiSource(Source):
                 if self.api.free_buffers() < 1:
                     self.count_error("buffers_full")  # close early: bounded memory
                     return
-            time.sleep(step)
+            self._sleep(step)
 
     def _drain(self) -> bool:
         """Keep tracing until the window's launches have run on the GPU (then the caller flushes).
@@ -428,10 +464,10 @@ class CuptiSource(Source):
         # same bound: else the drain would stop one launch early and cut that replay (seen once
         # in 8 windows on the H200 with the host ~70 ms ahead).
         while self._win.pending() and time.perf_counter() < deadline and not self._stop.is_set():
-            time.sleep(0.0002)
+            self._sleep(0.0002)
         if query is None or timer is None:
             if s.drain_ms > 0:
-                time.sleep(s.drain_ms / 1e3)
+                self._sleep(s.drain_ms / 1e3)
             return False
         return timer.wait_ran(self._win, query, deadline, self._stop.is_set) and not self._win.pending()
 
@@ -440,6 +476,8 @@ class CuptiSource(Source):
             self.api.set_kernel_activity(False)
         except Exception:
             self.count_error("activity_disable")
+        if self._in_window:  # the span the GPU ran traced: what the tracing budget counts
+            self._traced_s = time.perf_counter() - self._phases.get("window_t0", time.perf_counter())
         self._in_window = False
 
     def _flush(self, drained: bool = False) -> float:
@@ -468,11 +506,13 @@ class CuptiSource(Source):
                 forced = True
                 self.count_error("flush_forced")
                 continue
-            time.sleep(0.002)
+            self._sleep(0.002)
         return (time.perf_counter() - t0) * 1e3
 
     def _ingest(self) -> None:
-        """Decode the queued buffers, one per GIL hold, and give each back to the pool."""
+        """Gather the queued buffers into the window's store and give each back to the pool,
+        yielding the GIL once a piece of work reaches ``_BATCH_PIECE_S`` (a default window's
+        buffers take ~0.05-0.1 ms each: a sleep after every one would only stretch the flush)."""
         api = self.api
         while True:
             buf = api.completed_buffer()
@@ -480,17 +520,7 @@ class CuptiSource(Source):
                 return
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
-                cols = self._decoder.decode(buf.data)
-                c1 = time.thread_time()
-                n0 = self._store.n_records
-                self._store.add(cols)
-                kept = self._store.n_records - n0
-                if kept:
-                    self._store_names.append(self._names.ids(cols.name_ptr[:kept]))
-                self._ingest_records += len(cols)
-                parts = self._ingest_parts_s  # where a buffer's CPU goes: records -> columns, then name ids
-                parts[0] += c1 - c0
-                parts[1] += time.thread_time() - c1
+                self._ingest_records += self._decoder.gather(buf.data, self._store)
             except Exception:
                 self.count_error("buffer_completed")
             finally:
@@ -498,8 +528,9 @@ class CuptiSource(Source):
             self._ingest_s += time.perf_counter() - t0
             c = time.thread_time() - c0
             self._ingest_cpu_s += c
+            self._ingest_parts_s[0] += c
             self._piece_cpu_max_s = max(self._piece_cpu_max_s, c)
-            self._yield()  # the host's threads take the GIL between buffers
+            self._yield(_BATCH_PIECE_S)  # the host's threads take the GIL between pieces
 
     def _dropped(self) -> int:
         try:

@@ -48,7 +48,8 @@ def make(fake=None, **kw):
     fake = fake or FakeCupti()
     windows = []
     # the fake GPU runs a launch at once (no queue to drain)
-    opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0)
+    opts = dict(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005, drain_ms=0,
+                max_traced_share=1.0)
     opts.update(kw)
     src = CuptiSource(cupti=fake, settings=CuptiSettings(**opts), events=FakeEvents(fake), registry=GraphRegistry())
     return fake, src, windows
@@ -91,12 +92,36 @@ def test_window_records_are_exact_and_linked_to_graphs():
     # launches after the 6th, traced until the collector closed the window, are excluded as such
     assert set(t.invalid) <= {"launched_outside_window"} and windows[1].dropped == 0
     assert src.stats["ingest_records_per_s"] > 0
-    # the phase log splits each window's decode CPU: records -> columns, then store + name ids
+    # the phase log splits each window's decode CPU: gathered per buffer, then columns + name ids at the end
     ph = [p for p in src.phase_log if "sink" in p]
     assert len(ph) >= 2
     for p in ph:
-        dec, names = p["decode_parts_cpu_ms"]
-        assert dec > 0 and names > 0 and dec + names <= p["decode_cpu_ms"] + 1e-6
+        gather, columns = p["decode_parts_cpu_ms"]
+        assert gather > 0 and columns > 0 and abs(gather + columns - p["decode_cpu_ms"]) < 1e-6
+        assert 0 < p["hold_cpu_max_ms"] < p["cpu"]["sink"] * 1e3  # a piece of the window's work, not all of it
+        assert p["traced_ms"] > 0
+
+
+def test_the_tracing_budget_spaces_windows_by_their_traced_time():
+    s = CuptiSettings(interval_s=2.0, max_traced_share=0.001, max_interval_s=60.0)
+    src = CuptiSource(cupti=FakeCupti(), settings=s, registry=GraphRegistry())
+    assert src.next_interval_s(0.0) == 2.0  # nothing traced: interval_s
+    assert src.next_interval_s(0.01) == pytest.approx(10.0)  # 10 ms traced, 0.1% share: 10 s later
+    assert src.next_interval_s(5.0) == 60.0  # a long capture: max_interval_s at most
+    assert src.stats["interval_s"] == 60.0
+    # live: windows of ~50 ms traced with a 25% share come ~200 ms apart, not interval_s (10 ms)
+    fake, src, windows = make(interval_s=0.01, max_traced_share=0.25, window_launches=10**6, window_duration_ms=50,
+                              observer="off")
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(2))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 3, timeout=10)
+    src.stop()
+    traced = [p["traced_ms"] / 1e3 for p in src.phase_log if "sink" in p]
+    starts = [p["window_t0"] for p in src.phase_log if "sink" in p]
+    for t, a, b in zip(traced, starts, starts[1:]):
+        assert 0.05 <= t < 0.2
+        assert b - a >= t / 0.25  # the wait after a window (its processing comes on top)
 
 
 def test_upload_modes_detected():
@@ -171,6 +196,7 @@ def test_no_events_on_capturing_streams():
     fake = FakeCupti(trace_slowdown=1.2)
     windows = []
     opts = CuptiSettings(window_launches=6, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+                         max_traced_share=1.0,
                          drain_ms=0)
     src = CuptiSource(cupti=fake, settings=opts, events=FakeEvents(fake, capturing={MAIN}), registry=GraphRegistry())
     src.start(windows.append)
@@ -343,6 +369,7 @@ def test_drain_waits_for_the_windows_last_launch_bounded(pending, max_drain_ms, 
     ev = QueuedEvents(fake, pending)
     windows = []
     opts = CuptiSettings(window_launches=3, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, poll_s=0.005,
+                         max_traced_share=1.0,
                          drain_ms=0, max_drain_ms=max_drain_ms)
     src = CuptiSource(cupti=fake, settings=opts, events=ev, registry=GraphRegistry())
     h = fake.instantiate(decode_like(1))

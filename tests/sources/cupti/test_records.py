@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from graphmon.sources.cupti.records import PROBE_BYTES, BufferDecoder, KernelColumns, NameTable, RecordStore, concat_columns
+from graphmon.sources.cupti.records import ARENA_KEEP_RECORDS, PROBE_BYTES, BufferDecoder, ColumnArena, NameTable, RecordStore
 
 from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, FakeCupti, pack_kernel
 
@@ -68,7 +68,7 @@ def test_real_layout_buffers_decode_to_the_expected_columns(record_bytes):
     check(cols, want)
     assert dec.record_bytes == record_bytes and dec.stats.fallback_buffers == 0
     assert walked == [PROBE_BYTES]  # not a ctypes call per record of the whole buffer (H200: 0.5 M records/s)
-    cols = dec.decode(data[: 2 * record_bytes])  # then the structured view: no walk
+    cols = dec.decode(data[: 2 * record_bytes])  # then one gather per buffer: no walk
     check(cols, want, slice(0, 2))
     assert walked == [PROBE_BYTES] and dec.stats.fallback_buffers == 0 and dec.stats.records == 502
 
@@ -103,39 +103,53 @@ def test_unexpected_kinds_and_sizes_take_the_fallback_and_are_counted():
 
 
 def test_record_store_bounds_the_window_and_counts_the_rest():
-    data, _ = synth_buffer(10, KERNEL13_BYTES)
+    data, want = synth_buffer(10, KERNEL13_BYTES)
     dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
-    st = RecordStore(max_records=15)
-    st.add(dec.decode(data))
-    st.add(dec.decode(data))
+    st = RecordStore(max_records=15, chunk_records=4)  # a buffer spans chunks; the second only half fits
+    assert dec.gather(data, st) == 10 and dec.gather(data, st) == 10
     assert st.n_records == 15 and st.discarded == 5
-    assert len(st.take()) == 15 and st.n_records == 0
+    cols, name_id = st.take()
+    check(cols, {k: np.concatenate([v, v])[:15] for k, v in want.items()})
+    assert name_id is None and st.n_records == 0 and st.discarded == 0
 
 
-def test_joining_a_window_yields_between_pieces_and_keeps_every_record():
-    rng = np.random.default_rng(3)
-    parts = [[rng.integers(0, 1 << 40, n), rng.integers(0, 9, n).astype(np.int32)] for n in (5, 0, 7, 3, 9, 4)]
-    pauses = []
-    out = concat_columns(parts, lambda: pauses.append(1), piece_records=8)
-    for j in range(2):
-        want = np.concatenate([p[j] for p in parts])
-        assert out[j].dtype == want.dtype and np.array_equal(out[j], want)
-    # a pause after every 8 or more records copied, none after the last part: 5+0+7 | 3+9 | 4
-    assert len(pauses) == 2
-    assert len(concat_columns(parts, None)[0]) == 28
+def test_a_window_is_made_into_columns_chunk_by_chunk_with_pauses_and_name_ids():
+    data, want = synth_buffer(7, KERNEL13_BYTES, seed=4)
+    dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
+    st = RecordStore(max_records=100, chunk_records=8)
+    for _ in range(4):
+        dec.gather(data, st)  # 28 records: chunks of 8, 8, 8, 4
+    pauses, names = [], NameTable(lambda p: f"k{p % 3}")
+    cols, name_id = st.take(lambda: pauses.append(1), names.ids)
+    assert len(pauses) == 3  # between chunks: a 2M-record capture is many short GIL holds, not one long one
+    check(cols, {k: np.tile(v, 4) for k, v in want.items()})
+    assert [names.names[i] for i in name_id] == [f"k{p % 3}" for p in np.tile(want["name_ptr"], 4).tolist()]
 
 
-def test_a_one_buffer_window_is_not_copied_and_many_are_joined_in_order():
+def test_the_store_reuses_its_chunks_from_window_to_window():
     data, _ = synth_buffer(6, KERNEL13_BYTES)
     dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
-    one = dec.decode(data)
-    assert KernelColumns.concat([one]) is one
-    st = RecordStore(max_records=100)
-    for _ in range(3):
-        st.add(dec.decode(data))
-    joined = st.take(pause=lambda: None)
-    assert len(joined) == 18 and np.array_equal(joined.start_ns, np.tile(one.start_ns, 3))
-    assert np.array_equal(joined.name_ptr, np.tile(one.name_ptr, 3)) and joined.name_ptr.dtype == np.uint64
+    st = RecordStore(max_records=100, chunk_records=4)
+    dec.gather(data, st)
+    first = [id(c) for c in st._chunks]
+    st.take()
+    dec.gather(data, st)  # the next window writes into the same memory: no allocation, no page faults
+    assert sorted(id(c) for c in st._chunks) == sorted(first)
+
+
+def test_a_wrong_kind_found_in_a_later_chunk_rewinds_the_buffer_and_walks_it():
+    rb = KERNEL13_BYTES
+    data, want = synth_buffer(6, rb, seed=5)
+    data[4 * rb: 4 * rb + 4] = np.array([99], "<u4").view(np.uint8)  # in the buffer's second chunk
+    dec = BufferDecoder(walk=walker({10: rb, 99: rb}), record_bytes=rb)
+    st = RecordStore(max_records=100, chunk_records=3)
+    good, _ = synth_buffer(2, rb, seed=6)
+    dec.gather(good, st)  # an earlier buffer of the window stays
+    dec.gather(data, st)
+    keep = np.arange(6) != 4
+    cols, _ = st.take()
+    assert len(cols) == 7 and dec.stats.fallback_buffers == 1 and dec.stats.other_kind_records == 1
+    check(type(cols)(*(getattr(cols, c)[2:] for c in cols.__dataclass_fields__)), want, keep)
 
 
 def test_name_table_reads_each_pointer_once():
@@ -150,6 +164,41 @@ def test_name_table_reads_each_pointer_once():
 
 
 
+@pytest.mark.parametrize("collide", [False, True])
+def test_name_ids_match_a_dict_lookup_whatever_the_hash_slots(collide):
+    rng = np.random.default_rng(7)
+    ptrs = (rng.choice(1 << 20, 300, replace=False).astype(np.uint64) * np.uint64(48)) + np.uint64(0x7F00_0000_0000)
+    text = {int(p): f"kernel_{i % 250}" for i, p in enumerate(ptrs)}  # some pointers share a name
+    table = NameTable(lambda p: text[p])
+    if collide:  # every pointer in one slot: all but one found by the binary search
+        table._slot = lambda a: np.zeros(len(a), np.uint64)
+        table._rehash()
+    for _ in range(3):
+        table.new_window()
+        window = rng.choice(ptrs[: rng.integers(50, 301)], 5000)
+        ids = table.ids(window)
+        assert [table.names[i] for i in ids.tolist()] == [text[int(p)] for p in window]
+        assert len(table.names) == len(set(table.names))  # one window id per name
+
+
+def test_a_column_arena_is_reused_and_bounded():
+    data, want = synth_buffer(10, KERNEL13_BYTES)
+    dec = BufferDecoder(walk=walker({10: KERNEL13_BYTES}), record_bytes=KERNEL13_BYTES)
+    st, arena = RecordStore(max_records=10_000), ColumnArena()
+    dec.gather(data, st)
+    a, _ = st.take(arena=arena)
+    check(a, want)
+    dec.gather(data, st)
+    b, _ = st.take(arena=arena)
+    assert np.shares_memory(a.start_ns, b.start_ns)  # the same memory: no page faults window after window
+    assert arena.get(ARENA_KEEP_RECORDS + 1) is None  # a capture's columns: fresh, never held by the arena
+    st = RecordStore(max_records=10_000, chunk_records=4)
+    for _ in range(3):
+        dec.gather(data, st)
+    c, _ = st.take(arena=ColumnArena(max_records=5))  # above the arena's bound: fresh columns, all there
+    check(c, {k: np.tile(v, 3) for k, v in want.items()})
+
+
 def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
     # a fresh interpreter: the first real buffer after warm_up() costs what later ones do
     import subprocess
@@ -157,7 +206,7 @@ def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
 
     code = (
         "import time, numpy as np\n"
-        "from graphmon.sources.cupti.records import warm_up, BufferDecoder, NameTable\n"
+        "from graphmon.sources.cupti.records import warm_up, BufferDecoder, NameTable, RecordStore\n"
         "from fake_cupti import KERNEL13_BYTES, pack_kernel\n"
         "warm = {'1': True, '0': False}[__import__('sys').argv[1]]\n"
         "if warm: warm_up()\n"
@@ -168,7 +217,8 @@ def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
         "names = NameTable(lambda p: str(p))\n"
         "t = []\n"
         "for _ in range(3):\n"
-        "    c = time.thread_time(); names.ids(dec.decode(data).name_ptr); t.append(time.thread_time() - c)\n"
+        "    c = time.thread_time(); st = RecordStore(10_000); dec.gather(data, st); st.has_all(np.arange(3))\n"
+        "    st.take(lambda: None, names.ids); t.append(time.thread_time() - c)\n"
         "print(t[0] / max(min(t[1:]), 1e-6))\n"
     )
     import os
