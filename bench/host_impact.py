@@ -2,11 +2,14 @@
 
 Run on a CUDA machine with torch, transformers and cupti-python (graphmon importable):
 
-    python bench/host_impact.py --out DIR            # < 4 min on an H200
-    python bench/host_impact.py --out DIR --quick    # < 90 s
+    python bench/host_impact.py --out DIR --modes agent --budget-s 420   # ~8 min on an H200
+    python bench/host_impact.py --out DIR --phases fixed --quick          # < 90 s, windows denser
 
 Workloads, each in >= 3 interleaved off/on rounds in ONE process (graphmon attached in code at
-its default sampling during "on", detached during "off"), in two modes side by side: "agent" (a
+its default sampling during "on", detached during "off"). With ``--phases interval`` (default)
+each "on" phase lasts the collector's own wait after its first window (the tracing budget,
+``max_traced_share``), so it holds one window and the windows are exactly as dense as in steady
+state; its "off" phase lasts as long. Two modes side by side: "agent" (a
 light collector that ships windows to a `graphmon agent` process: the production path) and
 "inprocess" (graphmon.attach() with no agent: analysis, snapshots and HTTP in the process):
   - hf_static_bs1 / hf_static_bs4: Hugging Face transformers decode of a random-weight Llama
@@ -19,6 +22,7 @@ light collector that ships windows to a `graphmon agent` process: the production
   - decode_server: examples/decode_server.py's decode graph, replay + synchronize per step.
 Rounds alternate their order (off,on then on,off) so that a drift over the run cancels.
 Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst)
+and steps_tracing_share (the share of "on" steps with kernel tracing on for part of them),
 and max_step_increase_in_windows_ms (the same with only the "on" steps that overlapped a window),
 p999_step_ratio, median_overhead_pct with its 95% interval (ci95_low_pct/ci95_high_pct, t over
 rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
@@ -51,6 +55,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 R: dict = {"workloads": {}, "errors": {}, "versions": {}}
+STEPS: dict = {}  # per-step times of every phase (host-impact-steps.npz): for looking at the noise
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
@@ -260,21 +265,48 @@ def timeline(phase_log: list, steps: np.ndarray, ends: np.ndarray, median_s: flo
             # reported per window as observer_slowdown) or not (graphmon's host-side cost, and noise)
             "longest_step_tracing_ms": float(steps[tracing].max() * 1e3) if tracing.any() else 0.0,
             "longest_step_not_tracing_ms": float(steps[~tracing].max() * 1e3) if (~tracing).any() else 0.0,
-            "long_step_threshold_ms": 2 * median_s * 1e3}
+            "long_step_threshold_ms": 2 * median_s * 1e3,
+            "steps_tracing": int(tracing.sum()), "tracing_mask": tracing}
 
 
-def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) -> dict:
+def on_phase(run_once, seconds: float, src, follow_interval: bool,
+             max_seconds: float = 30.0) -> tuple[np.ndarray, np.ndarray]:
+    """The "on" phase: at least ``seconds``; with ``follow_interval``, as long as the collector's
+    own wait after its first window (CuptiSource.next_interval_s: the tracing budget), so that the
+    phase holds exactly one window and the windows are as dense as in steady state (attach
+    opens the first window after first_window_s: a fixed short phase would hold one window per
+    phase, many times denser than the default sampling); ``max_seconds`` at most."""
+    steps, ends, t0 = [], [], time.monotonic()
+    want = seconds
+    while time.monotonic() - t0 < want:
+        t = run_once()
+        steps.append(np.diff(t))
+        ends.append(t[1:])
+        if follow_interval and src is not None and src.stats.get("windows", 0) >= 1:
+            want = min(max_seconds, max(seconds, float(src.stats.get("interval_s") or 0.0)))
+    if not steps:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(steps), np.concatenate(ends)
+
+
+def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, follow_interval: bool = True,
+            budget_s: float = float("inf"), min_rounds: int = 3, max_phase_s: float = 30.0) -> dict:
     import graphmon
     from graphmon.host.attach import attached
 
     for _ in range(3):
         run_once()  # warm: compile, capture, caches
-    per_round, on_all, off_all, windows, timelines = [], [], [], [], []
+    per_round, on_all, off_all, windows, timelines, series = [], [], [], [], [], []
+    t_start = time.monotonic()
     for r in range(rounds):
+        spent = time.monotonic() - t_start
+        if r >= min_rounds and spent + spent / r > budget_s:
+            break  # another round would overrun this workload's share of the device call
         # off then on in even rounds, on then off in odd ones: a drift over the run (clocks,
         # other tenants) cancels in the mean instead of showing up as overhead
+        off_s = seconds if r % 2 == 0 or not per_round else per_round[-1]["on_seconds"]
         if r % 2 == 0:
-            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, seconds)
+            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, off_s)
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
         # a light collector that ships windows to the agent process; else the whole exporter here
@@ -290,7 +322,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
                 time.sleep(0.01)
         attach_ms = (time.perf_counter() - t_att) * 1e3
         sweep()
-        on, on_ends = phase(run_once, seconds)
+        t_on = time.monotonic()
+        on, on_ends = on_phase(run_once, seconds, src, follow_interval, max_phase_s)
+        on_s = time.monotonic() - t_on
         stats = dict(src.stats) if src is not None else {}
         health = src.health() if src is not None else None
         plog = [dict(p) for p in getattr(src, "phase_log", [])] if src is not None else []
@@ -299,10 +333,10 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
               "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
         if r % 2 == 1:
-            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, seconds)
+            off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, on_s)  # as long as its "on"
         gc_on = phase_gc(on, on_ends)
         tl = timeline(plog, on, on_ends, float(np.median(off)))
-        timelines.append({"round": r, **tl})
+        timelines.append({"round": r, **{k: v for k, v in tl.items() if k != "tracing_mask"}})
         off_gc = GC.overlapping(off_ends - off, off_ends)
         off_long = off > 2 * np.median(off)
         for w, wt in zip(got, tl["windows"] + [{}] * len(got)):
@@ -324,12 +358,16 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
             "max_step_tracing_ms": tl["longest_step_tracing_ms"], "max_step_not_tracing_ms": tl["longest_step_not_tracing_ms"],
             "gc_collections_off": gc_off, "gc_collections_on": gc_on,  # by generation 0, 1, 2
             "long_steps_off": int(off_long.sum()), "long_steps_off_in_gc": int((off_long & (off_gc >= 0)).sum()),
-            "order": "off,on" if r % 2 == 0 else "on,off",
+            "order": "off,on" if r % 2 == 0 else "on,off", "on_seconds": on_s,
+            "traced_ms": [p.get("traced_ms") for p in plog], "interval_s": stats.get("interval_s"),
+            "hold_cpu_max_ms": [p.get("hold_cpu_max_ms") for p in plog],
+            "steps_tracing": int(tl["steps_tracing"]),
             "windows": len(got), "state": health.state if health else None,
             "errors": dict(health.errors) if health else {}, "stats": stats, **cb,
         })
         on_all.append(on)
         off_all.append(off)
+        series.append({"on_ms": on * 1e3, "off_ms": off * 1e3, "on_tracing": tl["tracing_mask"]})
     on_c, off_c = np.concatenate(on_all), np.concatenate(off_all)
     ov = np.array([p["median_overhead_pct"] for p in per_round])
     half = T95.get(len(ov) - 1, 1.96) * ov.std(ddof=1) / np.sqrt(len(ov)) if len(ov) > 1 else float("nan")
@@ -338,7 +376,10 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
     cpu = [w["collector_cpu_ms"] for w in windows if w.get("collector_cpu_ms") is not None]
     rec = [w["records"] for w in windows]
     return {
+        "_series": series,  # per-step times (saved apart: host-impact-steps.npz)
         "rounds": per_round, "windows": windows, "timeline": timelines, "seconds_per_phase": seconds,
+        "phases_follow_interval": follow_interval,
+        "steps_tracing_share": sum(p["steps_tracing"] for p in per_round) / max(1, sum(p["steps_on"] for p in per_round)),
         "max_step_increase_ms": max(p["max_on_ms"] - p["max_off_ms"] for p in per_round),
         "p999_step_ratio": float(np.percentile(on_c, 99.9) / np.percentile(off_c, 99.9)),
         "median_overhead_pct": float(ov.mean()), "ci95_low_pct": float(ov.mean() - half),
@@ -361,6 +402,12 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker) ->
         "ticker_stall_max_off_ms": max(p["ticker_stall_max_off_ms"] for p in per_round),
         "observer_slowdown": [w["observer_slowdown"] for w in windows],
         "median_step_off_ms": float(np.median(off_c) * 1e3),
+        # the longest piece of the collector's work between two yields (its sink's included), CPU
+        "hold_cpu_max_ms": max((h for p in per_round for h in p["hold_cpu_max_ms"] if h is not None), default=None),
+        "interval_s_median": float(np.median([p["interval_s"] for p in per_round if p["interval_s"]]))
+        if any(p["interval_s"] for p in per_round) else None,
+        "traced_ms_median": float(np.median([t for p in per_round for t in p["traced_ms"] if t is not None]))
+        if any(t is not None for p in per_round for t in p["traced_ms"]) else None,
     }
 
 
@@ -407,15 +454,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true", help="shorter phases (< 90 s in all)")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--seconds", type=float, help="seconds per phase (default 2.5, quick 1.5)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds per workload and mode, at most (3 at least)")
+    ap.add_argument("--seconds", type=float, help="seconds per phase, at least (default 2.5, quick 1.5)")
+    ap.add_argument("--phases", choices=("interval", "fixed"), default="interval",
+                    help="interval: each 'on' phase lasts the collector's own wait after its window (one window "
+                         "per phase, as dense as the default sampling in steady state); fixed: --seconds "
+                         "(one window per phase: denser)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="seconds for all the rounds of all workloads and modes: rounds beyond 3 stop when "
+                         "the next one would overrun a workload's share")
     ap.add_argument("--only", default="", help="comma list of workloads to run")
     ap.add_argument("--modes", default="agent,inprocess",
                     help="agent: light collector + a `graphmon agent` process (production); inprocess: the whole "
                          "exporter in this process (graphmon.attach() without an agent)")
     a = ap.parse_args()
     seconds = a.seconds or (1.5 if a.quick else 2.5)
-    R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds}
+    R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds, "phases": a.phases,
+                     "budget_s": a.budget_s}
     R["versions"] = versions()
     save(a.out)
     ticker = Ticker()
@@ -443,7 +498,12 @@ def main() -> int:
                     os.environ["GRAPHMON_AGENT"] = agent[1]
                 else:
                     os.environ.pop("GRAPHMON_AGENT", None)
-                res = measure(name, run_once, max(3, a.rounds), seconds, ticker)
+                n_sections = len(modes) * max(1, len(only & set(makers)) if only else len(makers))
+                res = measure(name, run_once, max(3, a.rounds), seconds, ticker, follow_interval=a.phases == "interval",
+                              budget_s=a.budget_s / n_sections)
+                STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
+                              for k, v in ser.items()})
+                np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)
                 res.update(meta, mode=mode)
                 R["workloads"][name if mode == modes[0] else f"{name}@{mode}"] = res
                 save(a.out)
@@ -470,7 +530,8 @@ def main() -> int:
                                               "gil_hold_max_ms_per_window", "ticker_stall_max_off_ms",
                                               "collector_cpu_ms_per_window_max", "decode_cpu_max_ms",
                                               "records_per_window_median", "ingest_records_per_s",
-                                              "ingest_records_per_s_wall")}
+                                              "ingest_records_per_s_wall", "hold_cpu_max_ms", "steps_tracing_share",
+                                              "interval_s_median", "traced_ms_median")}
                     for k, v in w.items()}
     R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,
                     "ci95_high_pct": 0.5, "gil_hold_max_ms_per_window": 1.0, "ingest_records_per_s": 10e6}

@@ -2,8 +2,11 @@
 # One device call on a CUDA machine (run from the repo root; wheels for what the image lacks in
 # .whl/, see docs/attach.md): the GPU tests three times in a row, the end-to-end tests on real
 # clients (HF transformers static-cache generate; a vLLM-shaped spawn tree), and a live
-# `graphmon run` over examples/decode_server.py scraped over HTTP. Everything lands under $OUT
-# (small summaries + one tarball). Sections: GPU_CHECK_SECTIONS=tests,e2e,live (default all).
+# `graphmon run` over examples/decode_server.py scraped over HTTP; with "impact", what graphmon
+# costs a serving loop (bench/host_impact.py, agent mode, ~8 min) and the decode path on this
+# machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
+# tarball). Sections: GPU_CHECK_SECTIONS=smoke,tests,e2e,live,impact (default tests,e2e,live;
+# smoke: the live CUPTI tests once).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -16,11 +19,18 @@ fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 SECTIONS=${GPU_CHECK_SECTIONS:-tests,e2e,live}
+IMPACT_BUDGET_S=${IMPACT_BUDGET_S:-400}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   $PY -c "import cupti, importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+
+if has smoke; then
+  echo "== GPU tests (tests/gpu/test_live_cupti.py), once"
+  timeout 120 $PY -m pytest tests/gpu/test_live_cupti.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-smoke.txt"
+  tail -1 "$OUT/all/gpu-tests-smoke.txt" | tee -a "$OUT/gpu-tests-summary.txt"
+fi
 
 if has tests; then
   for i in 1 2 3; do
@@ -60,5 +70,14 @@ open(f"{out}/live-summary.txt", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
   wait $RUN; echo "graphmon run exit code: $?" | tee -a "$OUT/live-summary.txt"
+fi
+if has impact; then
+  echo "== decode path on this CPU (bench/decode_buffers.py)"
+  timeout 90 $PY bench/decode_buffers.py --out "$OUT" > "$OUT/all/decode-buffers.log" 2>&1; echo "exit $?"
+  echo "== host impact (bench/host_impact.py --modes agent --budget-s $IMPACT_BUDGET_S)"
+  timeout $((IMPACT_BUDGET_S + 150)) $PY bench/host_impact.py --out "$OUT/all/impact" --modes agent \
+    --budget-s "$IMPACT_BUDGET_S" > "$OUT/all/host-impact.log" 2>&1; echo "exit $?"
+  cp "$OUT/all/impact/host-impact.json" "$OUT/" 2>/dev/null
+  tail -5 "$OUT/all/host-impact.log"
 fi
 tar -czf "$OUT/gpu-check.tgz" -C "$OUT" all && rm -rf "$OUT/all"
