@@ -302,10 +302,12 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         spent = time.monotonic() - t_start
         if r >= min_rounds and spent + spent / r > budget_s:
             break  # another round would overrun this workload's share of the device call
-        # off then on in even rounds, on then off in odd ones: a drift over the run (clocks,
-        # other tenants) cancels in the mean instead of showing up as overhead
-        off_s = seconds if r % 2 == 0 or not per_round else per_round[-1]["on_seconds"]
-        if r % 2 == 0:
+        # on then off in even rounds, off then on in odd ones: a drift over the run (clocks,
+        # other tenants) cancels in the mean instead of showing up as overhead. An "off" phase
+        # lasts as long as its round's "on" (off first: the previous round's "on")
+        off_first = r % 2 == 1
+        if off_first:
+            off_s = per_round[-1]["on_seconds"]
             off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, off_s)
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
@@ -332,7 +334,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         cb = {"launch_callbacks_on_at_end": getattr(src, "_launch_cb_on", None),
               "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
         graphmon.detach()
-        if r % 2 == 1:
+        if not off_first:
             off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, on_s)  # as long as its "on"
         gc_on = phase_gc(on, on_ends)
         tl = timeline(plog, on, on_ends, float(np.median(off)))
@@ -358,7 +360,7 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
             "max_step_tracing_ms": tl["longest_step_tracing_ms"], "max_step_not_tracing_ms": tl["longest_step_not_tracing_ms"],
             "gc_collections_off": gc_off, "gc_collections_on": gc_on,  # by generation 0, 1, 2
             "long_steps_off": int(off_long.sum()), "long_steps_off_in_gc": int((off_long & (off_gc >= 0)).sum()),
-            "order": "off,on" if r % 2 == 0 else "on,off", "on_seconds": on_s,
+            "order": "off,on" if off_first else "on,off", "on_seconds": on_s, "off_seconds": float(off_ends[-1] - off_ends[0] + off[0]) if len(off) else 0.0,
             "traced_ms": [p.get("traced_ms") for p in plog], "interval_s": stats.get("interval_s"),
             "hold_cpu_max_ms": [p.get("hold_cpu_max_ms") for p in plog],
             "steps_tracing": int(tl["steps_tracing"]),
@@ -411,6 +413,63 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
     }
 
 
+def paired(run_once, total_s: float, block_s: float, interval_s: float, seed: int = 0) -> dict:
+    """The median overhead from short alternating blocks (off,on then on,off), each "on" block
+    a fresh attach whose window comes with the probability block_s/interval_s (at a random
+    time inside the block; else after the block): windows exactly as frequent as the default
+    sampling in steady state, and both arms share the machine's slow states. On the H200 the
+    step time of every workload switches between levels (e.g. decode_server 1.67 and 1.9 ms)
+    that last seconds: long phases compare how long each spent in the slow level, which swamps
+    a 0.3% target. Per pair: median step on / median step off - 1. Also an upper bound: each
+    "on" block pays an attach and a detach, which a serving process pays once."""
+    import graphmon
+    from graphmon.host.attach import attached
+
+    rng = np.random.default_rng(seed)
+    pairs, t0, i = [], time.monotonic(), 0
+    while time.monotonic() - t0 < total_s:
+        meds, n_windows = {}, 0
+        for arm in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            if arm == "on":
+                window = bool(rng.random() < block_s / max(interval_s, block_s))
+                first = float(rng.uniform(0.2, max(0.3, block_s - 0.3))) if window else 1e6
+                graphmon.attach(port=0, first_window_s=first)
+                src = attached().source if attached() is not None else None
+                t_w = time.monotonic()
+                while src is not None and src.health().state == "starting" and time.monotonic() - t_w < 5:
+                    time.sleep(0.01)
+                sweep()
+                steps, _ = phase(run_once, block_s)
+                n_windows = int(src.stats.get("windows", 0)) if src is not None else 0
+                graphmon.detach()
+            else:
+                sweep()
+                steps, _ = phase(run_once, block_s)
+            meds[arm] = float(np.median(steps))
+        pairs.append({"order": "off,on" if i % 2 == 0 else "on,off", "median_on_ms": meds["on"] * 1e3,
+                      "median_off_ms": meds["off"] * 1e3, "windows": n_windows,
+                      "overhead_pct": (meds["on"] / meds["off"] - 1) * 100})
+        i += 1
+    ov = np.array([p["overhead_pct"] for p in pairs])
+    n = len(ov)
+    half = T95.get(n - 1, 1.96) * ov.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+    # distribution-free 95% interval of the median pair (order statistics, binomial(n, 1/2))
+    from math import comb
+
+    k, acc = 0, 0.0
+    while k < n // 2 and acc + comb(n, k) / 2**n <= 0.025:
+        acc += comb(n, k) / 2**n
+        k += 1
+    srt = np.sort(ov)
+    return {"pairs": pairs, "block_s": block_s, "interval_s": interval_s, "n_pairs": n,
+            "windows": int(sum(p["windows"] for p in pairs)),
+            "median_overhead_pct": float(ov.mean()) if n else None,
+            "ci95_low_pct": float(ov.mean() - half) if n > 1 else None,
+            "ci95_high_pct": float(ov.mean() + half) if n > 1 else None,
+            "median_of_pairs_pct": float(np.median(ov)) if n else None,
+            "median_of_pairs_ci95_pct": [float(srt[max(k - 1, 0)]), float(srt[n - max(k, 1)])] if n > 1 else None}
+
+
 def versions() -> dict:
     v = {"python": platform.python_version(), "numpy": np.__version__}
     for mod in ("torch", "transformers", "graphmon"):
@@ -460,6 +519,12 @@ def main() -> int:
                     help="interval: each 'on' phase lasts the collector's own wait after its window (one window "
                          "per phase, as dense as the default sampling in steady state); fixed: --seconds "
                          "(one window per phase: denser)")
+    ap.add_argument("--max-phase-s", type=float, default=30.0,
+                    help="an 'on' phase lasts at most this (a longer collector interval: windows denser than default)")
+    ap.add_argument("--paired-s", type=float, default=0.0,
+                    help="per workload and mode, seconds of short alternating off/on blocks for the median "
+                         "overhead (0: none)")
+    ap.add_argument("--block-s", type=float, default=2.0, help="seconds per block of --paired-s")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="seconds for all the rounds of all workloads and modes: rounds beyond 3 stop when "
                          "the next one would overrun a workload's share")
@@ -470,7 +535,8 @@ def main() -> int:
     a = ap.parse_args()
     seconds = a.seconds or (1.5 if a.quick else 2.5)
     R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds, "phases": a.phases,
-                     "budget_s": a.budget_s}
+                     "budget_s": a.budget_s, "max_phase_s": a.max_phase_s, "paired_s": a.paired_s,
+                     "block_s": a.block_s}
     R["versions"] = versions()
     save(a.out)
     ticker = Ticker()
@@ -500,7 +566,9 @@ def main() -> int:
                     os.environ.pop("GRAPHMON_AGENT", None)
                 n_sections = len(modes) * max(1, len(only & set(makers)) if only else len(makers))
                 res = measure(name, run_once, max(3, a.rounds), seconds, ticker, follow_interval=a.phases == "interval",
-                              budget_s=a.budget_s / n_sections)
+                              budget_s=a.budget_s / n_sections, max_phase_s=a.max_phase_s)
+                if a.paired_s > 0:
+                    res["paired"] = paired(run_once, a.paired_s, a.block_s, res.get("interval_s_median") or 10.0)
                 STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
                               for k, v in ser.items()})
                 np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)
@@ -532,6 +600,9 @@ def main() -> int:
                                               "records_per_window_median", "ingest_records_per_s",
                                               "ingest_records_per_s_wall", "hold_cpu_max_ms", "steps_tracing_share",
                                               "interval_s_median", "traced_ms_median")}
+                    | {f"{m}_paired": v.get("paired", {}).get(m) for m in
+                       ("median_overhead_pct", "ci95_low_pct", "ci95_high_pct", "median_of_pairs_pct",
+                        "median_of_pairs_ci95_pct", "n_pairs", "windows")}
                     for k, v in w.items()}
     R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,
                     "ci95_high_pct": 0.5, "gil_hold_max_ms_per_window": 1.0, "ingest_records_per_s": 10e6}

@@ -3,7 +3,7 @@
 # .whl/, see docs/attach.md): the GPU tests three times in a row, the end-to-end tests on real
 # clients (HF transformers static-cache generate; a vLLM-shaped spawn tree), and a live
 # `graphmon run` over examples/decode_server.py scraped over HTTP; with "impact", what graphmon
-# costs a serving loop (bench/host_impact.py, agent mode, ~8 min) and the decode path on this
+# costs a serving loop (bench/host_impact.py, agent mode, ~7 min) and the decode path on this
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
 # tarball). Sections: GPU_CHECK_SECTIONS=smoke,tests,e2e,live,impact (default tests,e2e,live;
 # smoke: the live CUPTI tests once).
@@ -19,7 +19,7 @@ fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 SECTIONS=${GPU_CHECK_SECTIONS:-tests,e2e,live}
-IMPACT_BUDGET_S=${IMPACT_BUDGET_S:-400}
+IMPACT_ARGS=${IMPACT_ARGS:---rounds 3 --max-phase-s 16 --paired-s 40 --block-s 2}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
@@ -74,9 +74,9 @@ fi
 if has impact; then
   echo "== decode path on this CPU (bench/decode_buffers.py)"
   timeout 90 $PY bench/decode_buffers.py --out "$OUT" > "$OUT/all/decode-buffers.log" 2>&1; echo "exit $?"
-  echo "== host impact (bench/host_impact.py --modes agent --budget-s $IMPACT_BUDGET_S)"
-  timeout $((IMPACT_BUDGET_S + 150)) $PY bench/host_impact.py --out "$OUT/all/impact" --modes agent \
-    --budget-s "$IMPACT_BUDGET_S" > "$OUT/all/host-impact.log" 2>&1; echo "exit $?"
+  echo "== host impact (bench/host_impact.py --modes agent $IMPACT_ARGS)"
+  timeout ${IMPACT_TIMEOUT_S:-480} $PY bench/host_impact.py --out "$OUT/all/impact" --modes agent $IMPACT_ARGS \
+    > "$OUT/all/host-impact.log" 2>&1; echo "exit $?"
   cp "$OUT/all/impact/host-impact.json" "$OUT/" 2>/dev/null
   tail -5 "$OUT/all/host-impact.log"
 fi

@@ -166,6 +166,7 @@ class CuptiPythonApi:
         if not paths:
             raise RuntimeError("cupti-python imported but no libcupti is mapped in this process")
         self.lib = ctypes.CDLL(paths[0])  # the copy cupti-python loaded: dlopen returns the same handle
+        self.names_key = ("libcupti", paths[0])  # kernel-name pointers are this library's: shared by later attaches
         self.lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
         self._info = library_info()
         self.pool = buffer_pool(buffer_size_bytes, max_buffers)

@@ -35,7 +35,7 @@ from graphmon.sources.cupti.assemble import raw_columns, window_records
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
-from graphmon.sources.cupti.records import BufferDecoder, ColumnArena, NameTable, RecordStore, warm_up
+from graphmon.sources.cupti.records import BufferDecoder, ColumnArena, NameTable, RecordStore, shared_name_table, warm_up
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 
 log = logging.getLogger("graphmon.cupti")
@@ -217,7 +217,7 @@ class CuptiSource(Source):
             api = self.api
             if self._decoder is None:
                 self._decoder = BufferDecoder(walk=api.walk_records)
-                self._names = NameTable(api.kernel_name)
+                self._names = shared_name_table(getattr(api, "names_key", None), api.kernel_name)
             self.registry.graph_exec_id = api.graph_exec_id
             try:
                 api.subscribe(self)

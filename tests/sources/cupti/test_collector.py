@@ -717,3 +717,25 @@ def test_the_collector_yields_the_gil_in_proportion_to_its_work(share):
         assert 0.017 <= slept_s < 0.045  # 3 x 6 ms
     # the next piece is measured from the end of this sleep, not from the piece before
     assert time.thread_time() - src._piece_cpu0 < 0.002
+
+
+def test_a_later_attach_keeps_the_kernel_names_read_by_an_earlier_one():
+    # one libcupti per process: its name pointers outlive a detach (the real adapter's names_key)
+    fake = FakeCupti()
+    fake.names_key = ("test", id(fake))
+    reads = []
+    read = fake.kernel_name
+    fake.kernel_name = lambda p: reads.append(p) or read(p)
+    h = fake.instantiate(decode_like(3))
+    for attach in range(2):
+        _, src, windows = make(fake, window_launches=2, interval_s=60.0)
+        src.start(windows.append)
+        with Workload(fake, [h]):
+            assert wait_for(lambda: len(windows) >= 1, timeout=10)
+        src.stop()
+        names = sorted(set(windows[0].trace.names))
+        if attach == 0:
+            first_reads = len(reads)
+            assert first_reads >= len(names) > 0
+        else:
+            assert len(reads) == first_reads and sorted(set(windows[0].trace.names)) == names  # nothing read again
