@@ -13,10 +13,11 @@ Health (agreed metric names): ``graphmon_process_info``, ``graphmon_process_last
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from graphmon.export.aggregator import Aggregator
 from graphmon.export.snapshot import Snapshot
@@ -281,7 +282,9 @@ class Agent:
                         "windows_total": s.windows_total, "records_total": s.records_total,
                         "empty_windows": a.proc.empty_windows,
                         "windows": [f"{a.key}-{w}" if not w.startswith("c") else w for w in s.windows],
-                        "link": dict(a.proc.status.get("link") or {}), "graphs": self._status_graphs(a.key, s)})
+                        "link": dict(a.proc.status.get("link") or {}),
+                        "sampling": _sampling(a.proc.status.get("sampling")),
+                        "graphs": self._status_graphs(a.key, s)})
         return out
 
     def state_counts(self) -> dict[str, int]:
@@ -290,6 +293,14 @@ class Agent:
             st = a.health().state
             counts[st] = counts.get(st, 0) + 1
         return counts
+
+
+def _sampling(v: Any) -> dict:
+    """A process's sampling status as it reported it (numbers only: the agent never trusts a sender)."""
+    if not isinstance(v, dict):
+        return {}
+    return {k: float(x) for k, x in v.items() if k in ("next_interval_s", "last_traced_ms")
+            and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
 
 
 def _float(v, default: float) -> float:

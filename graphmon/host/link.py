@@ -317,8 +317,11 @@ class LightCollector:
 
     def _status(self) -> dict:
         h = self.source.health()
+        st = self.source.stats  # the tracing budget at work: the wait it chose after the last window
         return {"state": h.state, "reason": h.reason, "errors": dict(h.errors), "windows": self.windows,
-                "empty_windows": self.empty_windows}
+                "empty_windows": self.empty_windows,
+                "sampling": {"next_interval_s": float(st.get("interval_s") or 0.0),
+                             "last_traced_ms": float(st.get("traced_ms") or 0.0)}}
 
     def _capture(self, req: CaptureRequest) -> None:
         try:
