@@ -36,9 +36,9 @@ KERNEL_FIELDS = (
 )
 # The 8-byte words (byte offset // 8) that hold them: kind (low half of word 0), start, end,
 # device_id (low half of 5), stream_id (low half of 6), correlation_id (high half of 11),
-# name_ptr, graph_node_id, graph_id (high half of 19). Little-endian, like every CUDA host.
+# name_ptr, graph_node_id, graph_id (high half of 19). Little-endian, like every CUDA host: a
+# 32-bit field is read through a uint32 view of the gathered words (row i, half 2j or 2j+1).
 _WORDS = np.array((0, 2, 3, 5, 6, 11, 13, 18, 19), np.intp)
-_LO32, _HI32 = np.uint64(0xFFFF_FFFF), np.uint64(32)
 PROBE_BYTES = 2048  # the first records of a buffer, walked to measure the record size
 MIN_KERNEL_RECORD_BYTES = 160  # the fields above end at 160 (CUpti_ActivityKernel5's size)
 KNOWN_RECORD_BYTES = {216: "CUpti_ActivityKernel10 (CUPTI 13.0)", 248: "CUpti_ActivityKernel13 (CUPTI 13.4)"}
@@ -124,7 +124,7 @@ class BufferDecoder:
                 if not len(dst):
                     break
                 np.take(rows[at:at + len(dst)], _WORDS, axis=1, out=dst)
-                if not ((dst[:, 0] & _LO32) == KIND_CONCURRENT_KERNEL).all():
+                if not (dst.view(np.uint32)[:, 0] == KIND_CONCURRENT_KERNEL).all():  # kind: low half of word 0
                     store.rewind(mark)  # another kind in the buffer: walk it record by record
                     return self._walk(data, store)
                 store.commit(len(dst))
@@ -233,8 +233,8 @@ class RecordStore:
         return [c if i < len(self._chunks) - 1 else c[: self._fill] for i, c in enumerate(self._chunks)]
 
     def correlation_ids(self) -> np.ndarray:
-        parts = [c[:, 5] >> _HI32 for c in self._filled()]
-        return np.concatenate(parts).view(np.int64) if parts else np.zeros(0, np.int64)
+        parts = [c.view(np.uint32)[:, 11] for c in self._filled()]  # high half of word 5
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
     def has_all(self, correlation_ids: np.ndarray) -> bool:
         """Whether every one of ``correlation_ids`` has records here (a window's launches came back)."""
@@ -260,14 +260,14 @@ class RecordStore:
             if i and pause is not None:
                 pause()
             b = at + len(c)
-            i64 = c.view(np.int64)
+            i64, u32 = c.view(np.int64), c.view(np.uint32)  # a 32-bit field: the low or high half of its word
             cols.start_ns[at:b] = i64[:, 1]
             cols.end_ns[at:b] = i64[:, 2]
-            np.bitwise_and(c[:, 4], _LO32, out=cols.stream[at:b].view(np.uint64))
-            cols.device[at:b] = c[:, 3] & _LO32
-            np.right_shift(c[:, 8], _HI32, out=cols.graph_id[at:b].view(np.uint64))
+            cols.stream[at:b] = u32[:, 8]  # low half of word 4
+            cols.device[at:b] = u32[:, 6]  # low half of word 3
+            cols.graph_id[at:b] = u32[:, 17]  # high half of word 8
             cols.graph_node_id[at:b] = i64[:, 7]
-            np.right_shift(c[:, 5], _HI32, out=cols.correlation_id[at:b].view(np.uint64))
+            cols.correlation_id[at:b] = u32[:, 11]  # high half of word 5
             cols.name_ptr[at:b] = c[:, 6]
             if name_id is not None:
                 name_id[at:b] = name_ids(cols.name_ptr[at:b])
