@@ -2,7 +2,7 @@
 
 The real CuptiSource runs against tests/fake_cupti.py (records in the CUpti_ActivityKernel13
 layout, written into activity buffers), a ~1,090-kernel, 4-stream graph replayed by a host
-thread, at the default window (16 launches: ~17k records). Each window's phases come from
+thread, at 16-launch windows (~17k records; the default window is 4 launches). Each window's phases come from
 ``CuptiSource.phase_log``: wall ms and the collector thread's own CPU ms (``time.thread_time``),
 which is the GIL graphmon itself can have held; the wall time also holds its waits for the
 host's GIL. Two modes side by side: "agent" (the light collector: unfiltered records, encoded
@@ -45,7 +45,8 @@ def run(sink_kind: str, windows: int) -> dict:
     from graphmon.model.wire import encode_window
 
     fake = FakeCupti(buffer_bytes=1 << 20)
-    s = CuptiSettings(interval_s=0.15, first_window_s=0.0, poll_s=0.01, drain_ms=0, max_traced_share=1.0)
+    s = CuptiSettings(interval_s=0.15, first_window_s=0.0, poll_s=0.01, drain_ms=0, max_traced_share=1.0,
+                      window_launches=16)  # the docstring's ~17k-record window (the default is now 4)
     got: list = []
 
     def sink(w):

@@ -398,8 +398,10 @@ class NameTable:
             g[miss] = self._gid[idx]
         w = self._win_of[g]
         miss = w < 0
-        if miss.any():  # names new to this window: ids in order of first process-wide id, in one go
-            new = np.unique(g[miss])
+        if miss.any():  # names new to this window: ids in order of process-wide id, in one go
+            present = np.zeros(len(self._gnames), bool)  # (a mark per known name: no sort of the records)
+            present[g[miss]] = True
+            new = np.flatnonzero(present)
             self._win_of[new] = np.arange(len(self.names), len(self.names) + len(new), dtype=np.int32)
             gn = self._gnames
             self.names.extend([gn[i] for i in new.tolist()])
