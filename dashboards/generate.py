@@ -446,6 +446,11 @@ def health_dashboard() -> dict[str, Any]:
                                  "{{stage}} " + WHERE)), unit="none"))
     p.append(timeseries(lay, "Observer slowdown over time", "Replay time inside a sampling window / outside it.",
                         targets((f"graphmon_observer_slowdown_ratio{{{RANK_SEL}}}", WHERE)), unit="none", min_value=None))
+    p.append(timeseries(lay, "Share of time traced", "Share of the time CUPTI kernel tracing was on (the GPU ran "
+                        "observed, slower by the observer slowdown). The tracing budget max_traced_share bounds it "
+                        "(0.05% by default) unless max_interval_s or a POST /capture asks for more.",
+                        targets((f"sum by ({by_rank}) (rate(graphmon_kernel_tracing_seconds_total{{{RANK_SEL}}}[{RATE}]))",
+                                 WHERE)), unit="percentunit"))
 
     # Processes (issue 12 item 5): one agent, many processes; silent emptiness is counted here.
     p.append(row(lay, "Processes (one agent per pod or host; each process that replays graphs attaches to it)"))

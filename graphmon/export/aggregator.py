@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -99,6 +100,7 @@ class Aggregator:
         self._source_errors_logged: dict[str, int] = {}
         self._last_window_s: Optional[float] = None
         self._slowdown: Optional[float] = None
+        self._traced_total_s = 0.0  # kernel tracing on, summed over windows
         self._gap_hist: dict[tuple, Hist] = {}
         self._gap_neg: dict[tuple, int] = {}
         self._gap_q: dict[tuple, tuple] = {}
@@ -232,6 +234,9 @@ class Aggregator:
         dropped = int(window.dropped)
         ended_s = float(window.ended_s)
         slowdown = None if window.observer_slowdown is None else float(window.observer_slowdown)
+        traced_s = float(window.traced_s)
+        if not (traced_s >= 0 and math.isfinite(traced_s)):
+            raise ValueError("traced_s must be a non-negative finite number")  # a counter must never decrease
         invalid = {str(r): int(c) for r, c in t.invalid.items()}
         if any(c < 0 for c in invalid.values()):
             raise ValueError("negative invalid-record count")  # a counter must never decrease
@@ -251,6 +256,7 @@ class Aggregator:
         for r, c in invalid.items():
             self._invalid[r] = self._invalid.get(r, 0) + c
         self._last_window_s = ended_s
+        self._traced_total_s += traced_s
         if slowdown is not None:
             self._slowdown = slowdown
         self._last_analysis, self._last_gq = a, gq
@@ -450,6 +456,7 @@ class Aggregator:
             errors_total=freeze(errors),
             last_window_s=self._last_window_s,
             observer_slowdown=self._slowdown,
+            kernel_tracing_s_total=self._traced_total_s,
             gap_hist=freeze(self._gap_hist),
             gap_negative_total=freeze(self._gap_neg),
             gap_quantiles=freeze(self._gap_q),

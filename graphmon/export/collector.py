@@ -218,6 +218,10 @@ class SnapshotCollector:
             "truncated": ("graphmon_label_values_truncated",
                           "Label values cut to --max-label-length (a hash suffix keeps them distinct).",
                           lambda s: s.label_values_truncated_total),
+            "traced": ("graphmon_kernel_tracing_seconds",
+                       "Time CUPTI kernel tracing was on (sampling windows). rate() is the share of time the GPU "
+                       "ran observed, slower by observer_slowdown; max_traced_share bounds it.",
+                       lambda s: s.kernel_tracing_s_total),
         }
         cfams = {k: CounterMetricFamily(n, d, labels=["rank"]) for k, (n, d, _) in counters.items()}
         inv = CounterMetricFamily("graphmon_records_invalid", "Kernel records excluded as invalid, by reason.",

@@ -73,6 +73,7 @@ class Snapshot:
     graph_last_sampled_s: Mapping[tuple, float] = field(default_factory=lambda: EMPTY)
     values_out_of_range_total: Mapping[str, int] = field(default_factory=lambda: EMPTY) # kind -> values beyond MAX_VALUE_NS, excluded
     label_values_truncated_total: int = 0
+    kernel_tracing_s_total: float = 0.0  # kernel tracing on (CUPTI windows), summed
     devices: tuple = ()  # device labels with series (after the device cap)
 
     @property

@@ -33,6 +33,7 @@ class Window:
     dropped: int = 0  # records the source lost (e.g. CUPTI's dropped-record count)
     observer_slowdown: Optional[float] = None  # in-window / out-of-window replay time, if measured
     capture_id: Optional[str] = None  # set when the window answers a CaptureRequest
+    traced_s: float = 0.0  # how long kernel tracing was on for it (the GPU ran observed); 0: not traced
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class WindowRecords:
     observer_slowdown: Optional[float] = None
     capture_id: Optional[str] = None
     invalid: Mapping[str, int] = field(default_factory=dict)  # excluded before shipping (counted)
+    traced_s: float = 0.0  # how long kernel tracing was on for it
     meta: Mapping[str, object] = field(default_factory=dict)
 
     def __len__(self) -> int:

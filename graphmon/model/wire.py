@@ -77,7 +77,7 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
         "invalid": {str(k): int(v) for k, v in invalid.items()},
         "meta": {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))},
         "started_s": float(w.started_s), "ended_s": float(w.ended_s), "dropped": int(w.dropped),
-        "observer_slowdown": w.observer_slowdown, "capture_id": w.capture_id,
+        "observer_slowdown": w.observer_slowdown, "capture_id": w.capture_id, "traced_s": float(w.traced_s),
     }
     if status is not None:
         header["status"] = dict(status)
@@ -195,6 +195,9 @@ def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
     started_s = _number(header.get("started_s"), "started_s")
     ended_s = _number(header.get("ended_s"), "ended_s")
     slowdown = _number(header.get("observer_slowdown"), "observer_slowdown", optional=True)
+    traced_s = _number(header.get("traced_s", 0.0), "traced_s")  # absent: a sender from before it existed
+    if traced_s < 0:
+        raise WireError("traced_s must not be negative")
     kernels = {name: arrays[("k", name)] for name in KERNEL_COLUMNS}
     launches = {name: arrays[("l", name)] for name in LAUNCH_COLUMNS}
     try:
@@ -203,13 +206,14 @@ def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
                 raise WireError("unfiltered windows carry no labels")
             return assemble(WindowRecords(kernels=kernels, launches=launches, names=names, graphs=graphs,
                                           started_s=started_s, ended_s=ended_s, dropped=dropped,
-                                          observer_slowdown=slowdown, capture_id=cid, invalid=invalid, meta=meta))
+                                          observer_slowdown=slowdown, capture_id=cid, invalid=invalid, meta=meta,
+                                          traced_s=traced_s))
         trace = Trace.build(**kernels, names=names, labels=labels, graphs=graphs, launches=launches,
                             invalid=invalid, meta=meta)
     except (ValueError, IndexError) as e:  # TraceError is a ValueError
         raise WireError(f"window trace rejected: {e}") from None
     return Window(trace=trace, started_s=started_s, ended_s=ended_s, dropped=dropped, observer_slowdown=slowdown,
-                  capture_id=cid)
+                  capture_id=cid, traced_s=traced_s)
 
 
 class FrameReader:

@@ -49,6 +49,17 @@ def test_ten_thousand_streams_are_capped():
     assert sum(h.count for h in s.gap_hist.values()) == 10_000
 
 
+def test_traced_time_is_summed_into_a_counter_that_never_decreases():
+    agg = Aggregator()
+    assert agg.snapshot().kernel_tracing_s_total == 0.0  # exported as 0 before any window
+    agg.ingest(window(synthetic_trace(), traced_s=0.0125))
+    agg.ingest(window(synthetic_trace(base_ns=10**8), traced_s=0.0075))
+    assert agg.snapshot().kernel_tracing_s_total == 0.02
+    assert agg.ingest(window(synthetic_trace(base_ns=2 * 10**8), traced_s=-1.0)) is None  # refused, counted
+    s = agg.snapshot()
+    assert s.kernel_tracing_s_total == 0.02 and s.windows_total == 2 and s.errors_total["analysis"] == 1
+
+
 def test_a_failing_window_is_counted_and_the_next_proceeds():
     agg = Aggregator()
 

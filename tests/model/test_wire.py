@@ -42,6 +42,16 @@ def test_window_round_trip_is_lossless():
     assert (back.started_s, back.ended_s, back.dropped, back.observer_slowdown, back.capture_id) == (100.0, 101.5, 1, 1.1, "c1")
 
 
+def test_traced_time_travels_and_an_older_sender_means_zero():
+    import dataclasses
+
+    back = _decode(encode_window(dataclasses.replace(_window(), traced_s=0.0125)))
+    assert back.traced_s == 0.0125
+    header, payload = split_frame(encode_window(_window())[4:])
+    header.pop("traced_s")  # a light collector from before the tracing budget
+    assert _decode(frame(header, bytes(payload))).traced_s == 0.0
+
+
 def _tamper(fn):
     data = encode_window(_window())
     header, payload = split_frame(data[4:])
@@ -64,6 +74,8 @@ def _tamper(fn):
     (lambda h, p: ({**h, "started_s": float("nan")}, p), "finite"),
     (lambda h, p: ({**h, "invalid": {"x": "many"}}, p), "invalid counts"),
     (lambda h, p: ({**h, "capture_id": "x" * 100}, p), "capture_id"),
+    (lambda h, p: ({**h, "traced_s": -0.5}, p), "traced_s must not be negative"),
+    (lambda h, p: ({**h, "traced_s": "long"}, p), "traced_s must be a finite number"),
     (lambda h, p: ({**h, "v": 99}, p), "wire version"),
     (lambda h, p: ({**h, "type": "exec"}, p), "known message"),
 ])

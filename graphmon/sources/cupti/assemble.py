@@ -14,7 +14,8 @@ from graphmon.sources.cupti.registry import GraphRegistry
 
 def window_records(cols: KernelColumns, name_id: np.ndarray, names: list[str], launches: Mapping[str, np.ndarray],
                    registry: GraphRegistry, *, started_s: float, ended_s: float, dropped: int = 0,
-                   observer_slowdown: Optional[float] = None, capture_id: Optional[str] = None) -> WindowRecords:
+                   observer_slowdown: Optional[float] = None, capture_id: Optional[str] = None,
+                   traced_s: float = 0.0) -> WindowRecords:
     """The window's records, unfiltered, with its launches' graphs resolved from the registry
     (work per distinct exec, not per record). ``launches``: the window ring's columns
     (correlation_id, exec_handle, launch_ns, stream)."""
@@ -42,6 +43,7 @@ def window_records(cols: KernelColumns, name_id: np.ndarray, names: list[str], l
                "name_id": np.asarray(name_id, np.int32)}
     return WindowRecords(kernels=kernels, launches=lc, names=names, graphs=graphs, started_s=started_s,
                          ended_s=ended_s, dropped=dropped, observer_slowdown=observer_slowdown, capture_id=capture_id,
+                         traced_s=traced_s,
                          meta={"source": "cupti", "capture_id": capture_id})
 
 

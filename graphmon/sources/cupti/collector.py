@@ -348,6 +348,7 @@ class CuptiSource(Source):
         self._yield()
         rec = window_records(cols, name_id[: len(cols)], list(self._names.names), self._win.columns(), self.registry,
                              started_s=started, ended_s=ended, dropped=dropped + discarded, observer_slowdown=slowdown,
+                             traced_s=self._traced_s,
                              capture_id=req.id if req is not None else None)
         if self.settings.keep_raw:
             self.last_raw = raw_columns(rec)

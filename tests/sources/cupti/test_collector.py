@@ -100,6 +100,9 @@ def test_window_records_are_exact_and_linked_to_graphs():
         assert gather > 0 and columns > 0 and abs(gather + columns - p["decode_cpu_ms"]) < 1e-6
         assert 0 < p["hold_cpu_max_ms"] < p["cpu"]["sink"] * 1e3  # a piece of the window's work, not all of it
         assert p["traced_ms"] > 0
+    # each window says how long it traced (graphmon_kernel_tracing_seconds_total sums it)
+    assert all(w.traced_s > 0 for w in windows) and {round(w.traced_s * 1e3, 6) for w in windows[1:]} <= \
+        {round(p["traced_ms"], 6) for p in ph}
 
 
 def test_the_tracing_budget_spaces_windows_by_their_traced_time():
