@@ -25,8 +25,6 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-import numpy as np
-
 from graphmon.model.edges import assemble
 from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
@@ -105,8 +103,9 @@ class CuptiSource(Source):
         # records_sink, the records' columns are reused by the next window: copy what you keep
         self.taps: list[Sink] = []
         # per window: perf_counter at each phase's end (t0 ref window drain flush collect build sink),
-        # decode_ms / decode_cpu_ms (wall / this thread's CPU), decode_parts_cpu_ms (of it: decode, store +
-        # name ids), and "cpu": thread_time() at the same marks
+        # decode_ms / decode_cpu_ms (wall / this thread's CPU), decode_parts_cpu_ms (of it: the buffers
+        # gathered, then the window's columns + name ids), traced_ms, hold_cpu_max_ms, and "cpu":
+        # thread_time() at the same marks
         self.phase_log: deque[dict[str, Any]] = deque(maxlen=256)
         self._phases: dict[str, Any] = {}
 
@@ -189,8 +188,8 @@ class CuptiSource(Source):
     def next_interval_s(self, traced_s: float) -> float:
         """Seconds to the next window after one that traced kernels for ``traced_s``: the
         tracing budget (``max_traced_share``) within [interval_s, max_interval_s]. Traced steps
-        run 1.2-1.45x slower on the GPU (H200, decode_server); kept under 0.1% of the steps they
-        stay out of the host's p99.9 step time (bench/host_impact.py)."""
+        run slower on the GPU (observer_slowdown 1.27-1.65 on the H200's benchmark loops); kept
+        under 0.1% of the steps they stay out of the host's p99.9 step time (bench/host_impact.py)."""
         s = self.settings
         wait = max(s.interval_s, min(s.max_interval_s, traced_s / s.max_traced_share))
         self.stats["interval_s"] = wait
@@ -278,7 +277,7 @@ class CuptiSource(Source):
                 self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
         timer = self._timer if self.observer == "events" else None
         self._piece_cpu0 = time.thread_time()
-        ph = self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
+        self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
                              "decode_cpu_ms": -self._ingest_cpu_s * 1e3,
                              "decode_parts_cpu_ms": [-x * 1e3 for x in self._ingest_parts_s],
                              "cpu": {"t0": time.thread_time()}}

@@ -5,7 +5,7 @@ import pytest
 
 from graphmon.sources.cupti.records import ARENA_KEEP_RECORDS, PROBE_BYTES, BufferDecoder, ColumnArena, NameTable, RecordStore
 
-from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, FakeCupti, pack_kernel
+from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, pack_kernel
 
 
 def synth_buffer(n, record_bytes, seed=0):
