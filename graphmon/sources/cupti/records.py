@@ -34,11 +34,13 @@ KERNEL_FIELDS = (
     ("graph_node_id", "<u8", 144),
     ("graph_id", "<u4", 156),
 )
-# The 8-byte words (byte offset // 8) that hold them: kind (low half of word 0), start, end,
-# device_id (low half of 5), stream_id (low half of 6), correlation_id (high half of 11),
-# name_ptr, graph_node_id, graph_id (high half of 19). Little-endian, like every CUDA host: a
-# 32-bit field is read through a uint32 view of the gathered words (row i, half 2j or 2j+1).
-_WORDS = np.array((0, 2, 3, 5, 6, 11, 13, 18, 19), np.intp)
+# The 8-byte words (byte offset // 8) that hold them, gathered into a row of 9 per record:
+# (0, 2, 3, 5, 6, 11, 13, 18, 19). _AT: a 64-bit field's place in that row; _U32: a 32-bit
+# field's place in the row's uint32 view (the low or high half of its word: little-endian, like
+# every CUDA host).
+_WORDS = np.array(sorted({off // 8 for _, _, off in KERNEL_FIELDS}), np.intp)
+_AT = {name: int(np.searchsorted(_WORDS, off // 8)) for name, _, off in KERNEL_FIELDS}
+_U32 = {name: 2 * _AT[name] + off % 8 // 4 for name, typ, off in KERNEL_FIELDS if typ == "<u4"}
 PROBE_BYTES = 2048  # the first records of a buffer, walked to measure the record size
 MIN_KERNEL_RECORD_BYTES = 160  # the fields above end at 160 (CUpti_ActivityKernel5's size)
 KNOWN_RECORD_BYTES = {216: "CUpti_ActivityKernel10 (CUPTI 13.0)", 248: "CUpti_ActivityKernel13 (CUPTI 13.4)"}
@@ -124,7 +126,7 @@ class BufferDecoder:
                 if not len(dst):
                     break
                 np.take(rows[at:at + len(dst)], _WORDS, axis=1, out=dst)
-                if not (dst.view(np.uint32)[:, 0] == KIND_CONCURRENT_KERNEL).all():  # kind: low half of word 0
+                if not (dst.view(np.uint32)[:, _U32["kind"]] == KIND_CONCURRENT_KERNEL).all():
                     store.rewind(mark)  # another kind in the buffer: walk it record by record
                     return self._walk(data, store)
                 store.commit(len(dst))
@@ -170,16 +172,7 @@ class BufferDecoder:
         st.records += len(k)
         # each kernel record's first 160 bytes, copied aligned (a record could start anywhere), then its 9 words
         block = np.ascontiguousarray(data[k[:, None] + np.arange(MIN_KERNEL_RECORD_BYTES)]).view(np.uint64)
-        words = block[:, _WORDS]
-        at = 0
-        while at < len(words):
-            dst = store.reserve(len(words) - at)
-            if not len(dst):
-                break
-            dst[:] = words[at:at + len(dst)]
-            store.commit(len(dst))
-            at += len(dst)
-        store.count_discarded(len(words) - at)
+        store.append(block[:, _WORDS])
         return len(k)
 
 
@@ -210,6 +203,18 @@ class RecordStore:
         last = self._chunks[-1]
         return last[self._fill:self._fill + min(n, len(last) - self._fill)]
 
+    def append(self, words: np.ndarray) -> None:
+        """Copy rows of 9 words in (what does not fit in ``max_records`` is counted as discarded)."""
+        at = 0
+        while at < len(words):
+            dst = self.reserve(len(words) - at)
+            if not len(dst):
+                break
+            dst[:] = words[at:at + len(dst)]
+            self.commit(len(dst))
+            at += len(dst)
+        self.count_discarded(len(words) - at)
+
     def commit(self, n: int) -> None:
         """The first ``n`` reserved rows now hold records."""
         self._fill += n
@@ -233,7 +238,7 @@ class RecordStore:
         return [c if i < len(self._chunks) - 1 else c[: self._fill] for i, c in enumerate(self._chunks)]
 
     def correlation_ids(self) -> np.ndarray:
-        parts = [c.view(np.uint32)[:, 11] for c in self._filled()]  # high half of word 5
+        parts = [c.view(np.uint32)[:, _U32["correlation_id"]] for c in self._filled()]
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
     def has_all(self, correlation_ids: np.ndarray) -> bool:
@@ -260,15 +265,15 @@ class RecordStore:
             if i and pause is not None:
                 pause()
             b = at + len(c)
-            i64, u32 = c.view(np.int64), c.view(np.uint32)  # a 32-bit field: the low or high half of its word
-            cols.start_ns[at:b] = i64[:, 1]
-            cols.end_ns[at:b] = i64[:, 2]
-            cols.stream[at:b] = u32[:, 8]  # low half of word 4
-            cols.device[at:b] = u32[:, 6]  # low half of word 3
-            cols.graph_id[at:b] = u32[:, 17]  # high half of word 8
-            cols.graph_node_id[at:b] = i64[:, 7]
-            cols.correlation_id[at:b] = u32[:, 11]  # high half of word 5
-            cols.name_ptr[at:b] = c[:, 6]
+            i64, u32 = c.view(np.int64), c.view(np.uint32)
+            cols.start_ns[at:b] = i64[:, _AT["start"]]
+            cols.end_ns[at:b] = i64[:, _AT["end"]]
+            cols.stream[at:b] = u32[:, _U32["stream_id"]]
+            cols.device[at:b] = u32[:, _U32["device_id"]]
+            cols.graph_id[at:b] = u32[:, _U32["graph_id"]]
+            cols.graph_node_id[at:b] = i64[:, _AT["graph_node_id"]]
+            cols.correlation_id[at:b] = u32[:, _U32["correlation_id"]]
+            cols.name_ptr[at:b] = c[:, _AT["name_ptr"]]
             if name_id is not None:
                 name_id[at:b] = name_ids(cols.name_ptr[at:b])
             at = b
