@@ -44,14 +44,24 @@ class WireError(ValueError):
     """A frame that does not decode: the agent drops it (counted) and may close the connection."""
 
 
-def frame(header: Mapping[str, Any], payload: bytes | memoryview | list = b"") -> bytes:
+def frame(header: Mapping[str, Any], payload: bytes | memoryview | np.ndarray | list = b"") -> bytearray:
+    """One frame: the header, then each payload part's bytes (contiguous arrays included), written
+    once into one allocation (a window's columns: tobytes() then a join copied each twice more,
+    into fresh memory whose page faults cost more than the copies)."""
     h = json.dumps(header, separators=(",", ":"), default=str).encode()
-    parts = payload if isinstance(payload, list) else [payload]
-    body_len = sum(len(p) for p in parts)
-    return b"".join([_LEN.pack(4 + len(h) + body_len, len(h)), h, *[bytes(p) for p in parts]])
+    views = [memoryview(p).cast("B") for p in (payload if isinstance(payload, list) else [payload])]
+    body_len = sum(len(v) for v in views)
+    out = bytearray(_LEN.size + len(h) + body_len)
+    _LEN.pack_into(out, 0, 4 + len(h) + body_len, len(h))
+    at = _LEN.size + len(h)
+    out[_LEN.size:at] = h
+    for v in views:
+        out[at:at + len(v)] = v
+        at += len(v)
+    return out
 
 
-def encode_message(kind: str, **fields: Any) -> bytes:
+def encode_message(kind: str, **fields: Any) -> bytearray:
     if kind not in MESSAGE_TYPES:
         raise ValueError(f"unknown message type {kind!r}")
     return frame({"type": kind, "v": WIRE_VERSION, **fields})
@@ -69,7 +79,8 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
         t = w.trace
         kernels, launches, filtered = {k: getattr(t, k) for k in KERNEL_COLUMNS}, t.launches, True
         names, labels, graphs, invalid, meta = t.names, t.labels, t.graphs, t.invalid, t.meta
-    arrays = [np.asarray((kernels if part == "k" else launches)[name]) for part, name, _ in _COLS]
+    # each column as its wire dtype: no copy when it already is one (the collector's columns are)
+    arrays = [np.ascontiguousarray((kernels if part == "k" else launches)[name], dtype=dt) for part, name, dt in _COLS]
     cols = [[part, name, len(a)] for (part, name, _), a in zip(_COLS, arrays)]
     header = {
         "type": "window", "v": WIRE_VERSION, "columns": cols, "filtered": filtered,
@@ -81,19 +92,7 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
     }
     if status is not None:
         header["status"] = dict(status)
-    # One allocation for the whole frame and one copy of each column into it (the collector
-    # thread encodes: tobytes() then a join copied every column twice more, into fresh memory
-    # whose page faults cost more than the copies)
-    h = json.dumps(header, separators=(",", ":"), default=str).encode()
-    body = sum(len(a) * dt.itemsize for a, (_, _, dt) in zip(arrays, _COLS))
-    out = bytearray(_LEN.size + len(h) + body)
-    _LEN.pack_into(out, 0, 4 + len(h) + body, len(h))
-    at = _LEN.size + len(h)
-    out[_LEN.size:at] = h
-    for a, (_, _, dt) in zip(arrays, _COLS):
-        np.copyto(np.frombuffer(out, dt, count=len(a), offset=at), a, casting="unsafe")
-        at += len(a) * dt.itemsize
-    return out
+    return frame(header, arrays)
 
 
 # ---------------------------------------------------------------------- decoding (untrusted input)
