@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Callable
 
 import numpy as np
 
@@ -205,10 +206,12 @@ def phase_gc(steps: np.ndarray, ends: np.ndarray) -> list[int]:
     return GC.counts(ends[0] - steps[0], ends[-1]) if len(steps) else [0, 0, 0]
 
 
-def phase(run_once, seconds: float) -> tuple[np.ndarray, np.ndarray]:
-    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times."""
+def phase(run_once, seconds: "float | Callable[[], float]") -> tuple[np.ndarray, np.ndarray]:
+    """Step durations (s) and each step's end time (perf_counter s); run_once gives end times.
+    ``seconds`` may be a callable, asked again after every call of run_once."""
+    want = seconds if callable(seconds) else lambda: seconds
     steps, ends, t0 = [], [], time.monotonic()
-    while time.monotonic() - t0 < seconds:
+    while time.monotonic() - t0 < want():
         t = run_once()
         steps.append(np.diff(t))
         ends.append(t[1:])
@@ -276,23 +279,31 @@ def on_phase(run_once, seconds: float, src, follow_interval: bool,
     phase holds exactly one window and the windows are as dense as in steady state (attach
     opens the first window after first_window_s: a fixed short phase would hold one window per
     phase, many times denser than the default sampling); ``max_seconds`` at most."""
-    steps, ends, t0 = [], [], time.monotonic()
-    want = seconds
-    while time.monotonic() - t0 < want:
-        t = run_once()
-        steps.append(np.diff(t))
-        ends.append(t[1:])
+    def want() -> float:
         if follow_interval and src is not None and src.stats.get("windows", 0) >= 1:
-            want = min(max_seconds, max(seconds, float(src.stats.get("interval_s") or 0.0)))
-    if not steps:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(steps), np.concatenate(ends)
+            return min(max_seconds, max(seconds, float(src.stats.get("interval_s") or 0.0)))
+        return seconds
+
+    return phase(run_once, want)
+
+
+def attach_ready(**kw):
+    """graphmon.attach(port=0, **kw) and its source once started (CUPTI subscribed; 5 s at most),
+    so that attach's one-time start is kept apart from the steady state a phase measures."""
+    import graphmon
+    from graphmon.host.attach import attached
+
+    ex = graphmon.attach(port=0, **kw)
+    src = attached().source if attached() is not None else None
+    t_w = time.monotonic()
+    while src is not None and src.health().state == "starting" and time.monotonic() - t_w < 5:
+        time.sleep(0.01)
+    return ex, src
 
 
 def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, follow_interval: bool = True,
             budget_s: float = float("inf"), min_rounds: int = 3, max_phase_s: float = 30.0) -> dict:
     import graphmon
-    from graphmon.host.attach import attached
 
     for _ in range(3):
         run_once()  # warm: compile, capture, caches
@@ -312,16 +323,10 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         t_att = time.perf_counter()
         # default sampling, in code: with GRAPHMON_AGENT set (mode "agent", the production path)
         # a light collector that ships windows to the agent process; else the whole exporter here
-        ex = graphmon.attach(port=0)
-        src = attached().source if attached() is not None else None
+        ex, src = attach_ready()
         got: list = []
         if src is not None:
             src.taps.append(got.append)
-            # attach's one-time start (exporter thread, CUPTI subscribe) is reported apart from the
-            # steady state the "on" phase measures
-            t_w = time.monotonic()
-            while src.health().state == "starting" and time.monotonic() - t_w < 5:
-                time.sleep(0.01)
         attach_ms = (time.perf_counter() - t_att) * 1e3
         sweep()
         t_on = time.monotonic()
@@ -423,7 +428,6 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, seed: in
     a 0.3% target. Per pair: median step on / median step off - 1. Also an upper bound: each
     "on" block pays an attach and a detach, which a serving process pays once."""
     import graphmon
-    from graphmon.host.attach import attached
 
     rng = np.random.default_rng(seed)
     pairs, t0, i = [], time.monotonic(), 0
@@ -433,11 +437,7 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, seed: in
             if arm == "on":
                 window = bool(rng.random() < block_s / max(interval_s, block_s))
                 first = float(rng.uniform(0.2, max(0.3, block_s - 0.3))) if window else 1e6
-                graphmon.attach(port=0, first_window_s=first)
-                src = attached().source if attached() is not None else None
-                t_w = time.monotonic()
-                while src is not None and src.health().state == "starting" and time.monotonic() - t_w < 5:
-                    time.sleep(0.01)
+                _, src = attach_ready(first_window_s=first)
                 sweep()
                 steps, _ = phase(run_once, block_s)
                 n_windows = int(src.stats.get("windows", 0)) if src is not None else 0
