@@ -24,6 +24,7 @@ import numpy as np
 
 from graphmon.settings import CuptiSettings
 from graphmon.sources.cupti.collector import _BATCH_PIECE_S
+from graphmon.sources.cupti import native
 from graphmon.sources.cupti.records import BufferDecoder, ColumnArena, NameTable, RecordStore
 
 RECORD_BYTES = 248  # CUpti_ActivityKernel13 (CUPTI 13.4)
@@ -100,33 +101,18 @@ def decode_window(dec: BufferDecoder, names: NameTable, buffers: list[np.ndarray
         dec.gather(b, store)
         pause(batch_s)
     pause()
-    cols, _ = store.take(pause, names.ids, arena)
+    cols, _ = store.take(pause, names, arena)
     holds.append(time.thread_time() - marks[-1])
     return len(cols)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--windows", type=int, default=50, help="20k-record windows to decode")
-    a = ap.parse_args()
-    s = CuptiSettings()
-    dec = BufferDecoder(walk=walk)
+def measure(native, a, s: CuptiSettings, ticker: Ticker) -> dict:
+    """One decode path (``native``: the C pass, None: numpy): 20k-record windows, then 2M records."""
+    dec = BufferDecoder(walk=walk, native=native)
     names = NameTable(lambda p: f"kernel_{p:x}")
-    store, arena = RecordStore(s.max_window_records), ColumnArena()
+    store, arena = RecordStore(s.max_window_records, native=native), ColumnArena()
     decode_window(dec, names, synth_buffers(1000, s.buffer_size_bytes), store, [], arena=arena)  # measure + warm
-
-    res: dict = {"record_bytes": RECORD_BYTES, "buffer_size_bytes": s.buffer_size_bytes,
-                 "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES, "loadavg_before": os.getloadavg()}
     win = synth_buffers(20_000, s.buffer_size_bytes, seed=1)
-    ticker = Ticker()
-    ticker.start()
-    time.sleep(0.05)
-    idle_max = []
-    for _ in range(a.windows):  # the same ticker with nothing decoding: this machine's own scheduling noise
-        ticker.reset()
-        time.sleep(0.008)
-        idle_max.append(ticker.max_gap_s)
     hold_max, tick_max, busy = [], [], []
     for _ in range(a.windows):
         ticker.reset()
@@ -136,32 +122,61 @@ def main() -> None:
         hold_max.append(max(holds))
         busy.append(sum(holds))
         tick_max.append(ticker.max_gap_s)
-    res["window_20k"] = {
+    out = {"window_20k": {
         "windows": a.windows, "records": n, "buffers": len(win),
         # records per second of the collector thread's CPU (the yields between pieces excluded)
         "records_per_s_median": n / float(np.median(busy)),
         "decode_cpu_ms_per_window_median": float(np.median(busy)) * 1e3,
-        # the longest piece of work between two yields, CPU: the GIL hold the host can feel
+        # the longest piece of work between two yields, CPU (the C pass runs it without the GIL)
         "gil_hold_max_ms": float(np.max(hold_max)) * 1e3, "gil_hold_p50_ms": float(np.median(hold_max)) * 1e3,
-        # a thread that only ticks, with decoding and without (same run): the second is the OS alone
+        # a thread that only ticks while windows are decoded: the stall the host can feel
         "ticker_stall_max_ms": float(np.max(tick_max)) * 1e3, "ticker_stall_p50_ms": float(np.median(tick_max)) * 1e3,
-        "ticker_stall_idle_max_ms": float(np.max(idle_max)) * 1e3,
-        "ticker_stall_idle_p50_ms": float(np.median(idle_max)) * 1e3,
-    }
+    }}
     big = synth_buffers(2_000_000, s.buffer_size_bytes, seed=2)
     ticker.reset()
     holds = []
     t0 = time.perf_counter()
-    n = decode_window(dec, names, big, RecordStore(2_000_000), holds)
+    n = decode_window(dec, names, big, RecordStore(2_000_000, native=native), holds)
     wall = time.perf_counter() - t0  # includes the yields
     time.sleep(0.003)
-    res["records_2m"] = {"records": n, "buffers": len(big), "decode_seconds": sum(holds), "wall_seconds": wall,
+    out["records_2m"] = {"records": n, "buffers": len(big), "decode_seconds": sum(holds), "wall_seconds": wall,
                          "records_per_s": n / sum(holds), "pieces": len(holds), "gil_hold_max_ms": max(holds) * 1e3,
                          "gil_hold_p99_ms": float(np.percentile(holds, 99)) * 1e3,
                          "ticker_stall_max_ms": ticker.max_gap_s * 1e3}
+    out["decode_fallback_buffers"] = dec.stats.fallback_buffers
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--windows", type=int, default=50, help="20k-record windows to decode")
+    a = ap.parse_args()
+    s = CuptiSettings()
+    nat = native.load()
+    res: dict = {"record_bytes": RECORD_BYTES, "buffer_size_bytes": s.buffer_size_bytes,
+                 "records_per_buffer": s.buffer_size_bytes // RECORD_BYTES, "loadavg_before": os.getloadavg(),
+                 "decode_path": native.status()}
+    ticker = Ticker()
+    ticker.start()
+    time.sleep(0.05)
+    idle_max = []
+    for _ in range(a.windows):  # the same ticker with nothing decoding: this machine's own scheduling noise
+        ticker.reset()
+        time.sleep(0.008)
+        idle_max.append(ticker.max_gap_s)
+    res["ticker_stall_idle_max_ms"] = float(np.max(idle_max)) * 1e3
+    res["ticker_stall_idle_p50_ms"] = float(np.median(idle_max)) * 1e3
+    # the default path (the C pass when built) and the numpy path side by side, in one run
+    paths = {"native": nat, "numpy": None} if nat is not None else {"numpy": None}
+    res["paths"] = {name: measure(lib, a, s, ticker) for name, lib in paths.items()}
     ticker.stop.set()
+    main_path = res["paths"]["native" if nat is not None else "numpy"]
+    res.update(main_path)  # the figures README cites: the path graphmon runs
+    if nat is not None:
+        res["native_speedup_20k"] = (res["paths"]["native"]["window_20k"]["records_per_s_median"]
+                                     / res["paths"]["numpy"]["window_20k"]["records_per_s_median"])
     res["loadavg_after"] = os.getloadavg()
-    res["decode_fallback_buffers"] = dec.stats.fallback_buffers
     res["targets"] = {"records_per_s": 10e6, "gil_hold_ms_per_20k_window": 1.0}
     res["met"] = {"records_per_s": min(res["window_20k"]["records_per_s_median"], res["records_2m"]["records_per_s"]) >= 10e6,
                   "gil_hold_p50_window": res["window_20k"]["gil_hold_p50_ms"] < 1.0,
@@ -171,7 +186,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "decode-buffers.json"), "w") as fh:
         json.dump(res, fh, indent=2)
-    print(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k != "paths"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,12 +18,15 @@ else
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
+# the native decode pass (setup.py), built in place: graphmon runs from this tree (PYTHONPATH)
+$PY setup.py -q build_ext --inplace >"$OUT/all/build-native.txt" 2>&1 || echo "native decode not built (numpy path): see all/build-native.txt"
 SECTIONS=${GPU_CHECK_SECTIONS:-tests,e2e,live}
 IMPACT_ARGS=${IMPACT_ARGS:---rounds 3 --max-phase-s 16 --paired-s 40 --block-s 2}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  $PY -c "import cupti, importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"; } > "$OUT/gpu.txt" 2>&1
+  $PY -c "import cupti, importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"
+  $PY -c "from graphmon.sources.cupti import native; print('decode:', native.status())"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
 if has smoke; then

@@ -30,6 +30,7 @@ from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
 from graphmon.sources.cupti.assemble import raw_columns, window_records
+from graphmon.sources.cupti import native as _native
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
 from graphmon.sources.cupti.observer import CudaEvents, EventTimer, slowdown_ratio
@@ -113,7 +114,9 @@ class CuptiSource(Source):
     def info(self) -> dict[str, str]:
         if self._cupti_python is None:
             self._cupti_python = cupti_python_version()
-        out = {"backend": self.backend, "observer": self.observer}
+        out = {"backend": self.backend, "observer": self.observer,
+               # which decode pass runs (records.py): the C one, or numpy where it was not built
+               "decode": "native" if _native.load() is not None else "numpy"}
         if self._cupti_python:
             out["cupti_python"] = self._cupti_python
         if self.api is not None:
@@ -216,6 +219,8 @@ class CuptiSource(Source):
             api = self.api
             if self._decoder is None:
                 self._decoder = BufferDecoder(walk=api.walk_records)
+                if self._decoder.native is None:
+                    log.info("graphmon: decoding CUPTI buffers with numpy (native decode %s)", _native.status())
                 self._names = shared_name_table(getattr(api, "names_key", None), api.kernel_name)
             self.registry.graph_exec_id = api.graph_exec_id
             try:
@@ -338,7 +343,7 @@ class CuptiSource(Source):
         # columns + name ids, a chunk per GIL hold; a records sink (the light collector's link)
         # encodes them before the next window, so they can live in reused memory
         arena = self._arena if self.records_sink and not self.settings.keep_raw else None
-        cols, name_id = self._store.take(self._yield, self._names.ids, arena)
+        cols, name_id = self._store.take(self._yield, self._names, arena)
         c = time.thread_time() - c0  # ingest's second part (its sleeps are not CPU)
         self._ingest_parts_s[1] += c
         self._ingest_cpu_s += c

@@ -9,6 +9,9 @@ gathers the 9 words that hold those fields into the window's RecordStore (one np
 buffer) and checks every record's kind; the window's columns are made once, at its end.
 Anything unexpected (another kind, a size that does not divide the buffer) takes the fallback
 path: walk the records one by one with libcupti's walker and gather the kernel ones (counted).
+
+The gather and the columns run in native.py's C pass when it was built (one read of each record,
+no GIL), else with numpy here; both give the same rows, columns and name ids.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
+
+from graphmon.sources.cupti import native as _native
 
 KIND_KERNEL = 3
 KIND_CONCURRENT_KERNEL = 10
@@ -41,6 +46,10 @@ KERNEL_FIELDS = (
 _WORDS = np.array(sorted({off // 8 for _, _, off in KERNEL_FIELDS}), np.intp)
 _AT = {name: int(np.searchsorted(_WORDS, off // 8)) for name, _, off in KERNEL_FIELDS}
 _U32 = {name: 2 * _AT[name] + off % 8 // 4 for name, typ, off in KERNEL_FIELDS if typ == "<u4"}
+# the same places as the C pass takes them (_decode.c: gm_gather, gm_columns)
+_WORDS64 = _WORDS.astype(np.int64)
+_AT64 = np.array([_AT[k] for k in ("start", "end", "graph_node_id", "name_ptr")], np.int64)
+_AT32 = np.array([_U32[k] for k in ("stream_id", "device_id", "graph_id", "correlation_id")], np.int64)
 PROBE_BYTES = 2048  # the first records of a buffer, walked to measure the record size
 MIN_KERNEL_RECORD_BYTES = 160  # the fields above end at 160 (CUpti_ActivityKernel5's size)
 KNOWN_RECORD_BYTES = {216: "CUpti_ActivityKernel10 (CUPTI 13.0)", 248: "CUpti_ActivityKernel13 (CUPTI 13.4)"}
@@ -97,6 +106,7 @@ class BufferDecoder:
     walk: Callable[[np.ndarray], np.ndarray]
     record_bytes: int = 0  # 0: measure on the first buffer holding two kernel records
     stats: DecodeStats = field(default_factory=DecodeStats)
+    native: Optional[_native.NativeDecode] = field(default_factory=_native.load)  # None: numpy
 
     def gather(self, data: np.ndarray, store: "RecordStore") -> int:
         """Append the buffer's kernel records to ``store`` as 9 words each; returns how many
@@ -120,13 +130,18 @@ class BufferDecoder:
             n = n_bytes // rb
             rows = np.frombuffer(data, np.uint64, count=n * rb // 8).reshape(n, rb // 8)
             mark = store.mark()
+            nat = self.native
             at = 0
             while at < n:
                 dst = store.reserve(n - at)
                 if not len(dst):
                     break
-                np.take(rows[at:at + len(dst)], _WORDS, axis=1, out=dst)
-                if not (dst.view(np.uint32)[:, _U32["kind"]] == KIND_CONCURRENT_KERNEL).all():
+                if nat is not None:
+                    same_kind = nat.gather(rows[at:at + len(dst)], _WORDS64, dst, KIND_CONCURRENT_KERNEL) >= 0
+                else:
+                    np.take(rows[at:at + len(dst)], _WORDS, axis=1, out=dst)
+                    same_kind = (dst.view(np.uint32)[:, _U32["kind"]] == KIND_CONCURRENT_KERNEL).all()
+                if not same_kind:
                     store.rewind(mark)  # another kind in the buffer: walk it record by record
                     return self._walk(data, store)
                 store.commit(len(dst))
@@ -139,7 +154,7 @@ class BufferDecoder:
     def decode(self, data: np.ndarray) -> KernelColumns:
         """One buffer's kernel records as columns (tests, benchmarks; the collector gathers a
         window's buffers into one store and makes columns once)."""
-        store = RecordStore(max(1, len(data) // MIN_KERNEL_RECORD_BYTES + 1))
+        store = RecordStore(max(1, len(data) // MIN_KERNEL_RECORD_BYTES + 1), native=self.native)
         self.gather(data, store)
         return store.columns()[0]
 
@@ -182,7 +197,9 @@ class RecordStore:
     in a default window), bounded by ``max_records`` (the rest counted as discarded). Only the
     collector thread touches it: CUPTI's callbacks never wait on it."""
 
-    def __init__(self, max_records: int, chunk_records: int = CHUNK_RECORDS) -> None:
+    def __init__(self, max_records: int, chunk_records: int = CHUNK_RECORDS,
+                 native: "Optional[_native.NativeDecode] | str" = "load") -> None:
+        self.native = _native.load() if native == "load" else native  # None: numpy
         self.max_records = int(max_records)
         self.chunk_records = int(max(1, min(chunk_records, self.max_records)))
         self._chunks: list[np.ndarray] = []  # every chunk but the last is full
@@ -248,23 +265,32 @@ class RecordStore:
         return self.n_records > 0 and bool(np.isin(correlation_ids, self.correlation_ids()).all())
 
     def columns(self, pause: Optional[Callable[[], None]] = None,
-                name_ids: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+                names: Optional["NameTable"] = None,
                 arena: Optional["ColumnArena"] = None) -> tuple[KernelColumns, Optional[np.ndarray]]:
         """The window's records as columns, chunk by chunk (``pause`` runs between chunks: the
         collector yields the GIL there, so a 2M-record capture is ~120 short holds), and with
-        ``name_ids`` (NameTable.ids) each record's name id (else None). With ``arena`` the
-        columns are its arrays (valid until the arena's next use), else fresh ones."""
+        ``names`` each record's name id in this window (NameTable.ids; else None). With ``arena``
+        the columns are its arrays (valid until the arena's next use), else fresh ones."""
         n = self.n_records
         got = arena.get(n) if arena is not None else None
         cols, name_id = got if got is not None else (KernelColumns(*(np.empty(n, t) for t in _DTYPES)),
                                                      np.empty(n, np.int32))
-        if name_ids is None:
+        if names is None:
             name_id = None
+        nat = self.native
         at = 0
         for i, c in enumerate(self._filled()):
             if i and pause is not None:
                 pause()
             b = at + len(c)
+            if nat is not None:
+                nid = name_id[at:b] if name_id is not None else None
+                misses = nat.columns(c, _AT64, _AT32, tuple(getattr(cols, k)[at:b] for k in COLUMNS), nid, names)
+                if misses and nid is not None:  # new pointers, or names new to this window
+                    m = np.flatnonzero(nid < 0)
+                    nid[m] = names.ids(cols.name_ptr[at:b][m])
+                at = b
+                continue
             i64, u32 = c.view(np.int64), c.view(np.uint32)
             cols.start_ns[at:b] = i64[:, _AT["start"]]
             cols.end_ns[at:b] = i64[:, _AT["end"]]
@@ -275,15 +301,15 @@ class RecordStore:
             cols.correlation_id[at:b] = u32[:, _U32["correlation_id"]]
             cols.name_ptr[at:b] = c[:, _AT["name_ptr"]]
             if name_id is not None:
-                name_id[at:b] = name_ids(cols.name_ptr[at:b])
+                name_id[at:b] = names.ids(cols.name_ptr[at:b])
             at = b
         return cols, name_id
 
     def take(self, pause: Optional[Callable[[], None]] = None,
-             name_ids: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+             names: Optional["NameTable"] = None,
              arena: Optional["ColumnArena"] = None) -> tuple[KernelColumns, Optional[np.ndarray]]:
         """columns(), then empty for the next window (up to KEEP_CHUNKS chunks kept for reuse)."""
-        out = self.columns(pause, name_ids, arena)
+        out = self.columns(pause, names, arena)
         self.clear(pause)
         return out
 
@@ -378,6 +404,16 @@ class NameTable:
         self._hptr[slot] = self._ptrs
         self._hgid[slot] = self._gid
 
+    def table(self) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """What the C pass looks names up in: the hash table's pointers and process-wide ids,
+        its shift, and the window id of each process-wide id (-1: not in this window yet)."""
+        return self._hptr, self._hgid, int(self._shift), self._win_of
+
+    def add_window_names(self, gids: np.ndarray) -> None:
+        """Names the C pass numbered into this window (``_win_of``), in order."""
+        gn = self._gnames
+        self.names.extend([gn[i] for i in gids.tolist()])
+
     def _slot(self, name_ptr: np.ndarray) -> np.ndarray:
         return ((name_ptr >> _FOUR) * _GOLDEN) >> self._shift
 
@@ -442,8 +478,8 @@ def warm_up(record_bytes: int = 248) -> None:
     data = rec.reshape(-1)
     dec = BufferDecoder(walk=lambda d: np.arange(0, len(d) - record_bytes + 1, record_bytes, dtype=np.int64))
     names = NameTable(lambda p: "")
-    store = RecordStore(16)
+    store = RecordStore(16, native=dec.native)
     for _ in range(2):
         dec.gather(data, store)
     store.has_all(np.array([0, 1], np.int64))
-    store.take(lambda: None, names.ids)
+    store.take(lambda: None, names)

@@ -1,11 +1,26 @@
 """Activity buffers -> columns (sources/cupti/records.py) on buffers laid out as libcupti writes them."""
 
+import os
+
 import numpy as np
 import pytest
 
 from graphmon.sources.cupti.records import ARENA_KEEP_RECORDS, PROBE_BYTES, BufferDecoder, ColumnArena, NameTable, RecordStore
 
 from fake_cupti import KERNEL10_BYTES, KERNEL13_BYTES, pack_kernel
+from graphmon.sources.cupti import native
+
+
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def decode_path(request, monkeypatch):
+    """Every test here on both decode paths: the C pass (_decode.c) and numpy."""
+    lib = native.load()
+    if request.param == "native" and lib is None:
+        if os.environ.get("GRAPHMON_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"native decode required (GRAPHMON_REQUIRE_NATIVE=1): {native.status()}")
+        pytest.skip(f"native decode: {native.status()}")
+    monkeypatch.setitem(native._STATE, "lib", lib if request.param == "native" else None)
+    return request.param
 
 
 def synth_buffer(n, record_bytes, seed=0):
@@ -120,7 +135,7 @@ def test_a_window_is_made_into_columns_chunk_by_chunk_with_pauses_and_name_ids()
     for _ in range(4):
         dec.gather(data, st)  # 28 records: chunks of 8, 8, 8, 4
     pauses, names = [], NameTable(lambda p: f"k{p % 3}")
-    cols, name_id = st.take(lambda: pauses.append(1), names.ids)
+    cols, name_id = st.take(lambda: pauses.append(1), names)
     assert len(pauses) == 3  # between chunks: a 2M-record capture is many short GIL holds, not one long one
     check(cols, {k: np.tile(v, 4) for k, v in want.items()})
     assert [names.names[i] for i in name_id] == [f"k{p % 3}" for p in np.tile(want["name_ptr"], 4).tolist()]
@@ -199,7 +214,7 @@ def test_a_column_arena_is_reused_and_bounded():
     check(c, {k: np.tile(v, 3) for k, v in want.items()})
 
 
-def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
+def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap(decode_path):
     # a fresh interpreter: the first real buffer after warm_up() costs what later ones do
     import subprocess
     import sys
@@ -218,13 +233,12 @@ def test_warm_up_makes_the_first_decode_of_a_fresh_process_cheap():
         "t = []\n"
         "for _ in range(3):\n"
         "    c = time.thread_time(); st = RecordStore(10_000); dec.gather(data, st); st.has_all(np.arange(3))\n"
-        "    st.take(lambda: None, names.ids); t.append(time.thread_time() - c)\n"
+        "    st.take(lambda: None, names); t.append(time.thread_time() - c)\n"
         "print(t[0] / max(min(t[1:]), 1e-6))\n"
     )
-    import os
-
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]),
+               GRAPHMON_NATIVE_DECODE="1" if decode_path == "native" else "0")
     ratio = {w: float(subprocess.run([sys.executable, "-c", code, w], env=env, capture_output=True, text=True,
                                      check=True).stdout) for w in ("0", "1")}
     assert ratio["0"] > 5 * ratio["1"], ratio  # cold: many times a warm decode; warmed: about the same

@@ -1,0 +1,112 @@
+"""The native decode pass (_decode.c) through ctypes, when it was built; else None.
+
+Built by ``pip install`` (setup.py: an optional extension, so an install without a C compiler
+still works) and loaded here with ctypes, which releases the GIL for each call. records.py
+uses it when present and falls back to its numpy path otherwise; ``GRAPHMON_NATIVE_DECODE=0``
+turns it off (to compare, or to rule it out). ``status()`` says which path runs and why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from typing import Optional
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class NativeDecode:
+    """The two functions of _decode.c, with numpy arrays passed by address."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
+        self.path = path
+        self._gather = lib.gm_gather
+        self._gather.restype = _I64
+        self._gather.argtypes = (_P, _I64, _I64, _P, _I64, _P, ctypes.c_uint32)
+        self._columns = lib.gm_columns
+        self._columns.restype = _I64
+        self._columns.argtypes = (_P, _I64, _I64, _P, _P) + (_P,) * 11 + (_I64, _P, _I64, _P, _P)
+        self._counts = np.zeros(2, np.int64)  # in: the window's names so far; out: after, and how many are new
+
+    def gather(self, rows: np.ndarray, words: np.ndarray, out: np.ndarray, kind: int) -> int:
+        """``rows``: (n, stride_words) uint64 view of a buffer; ``words``: int64 word indices;
+        ``out``: (n, len(words)) uint64, C-contiguous. Returns n, or -1 - i at the first record
+        i of another kind (``out`` then holds garbage from i on)."""
+        n, stride = rows.shape
+        assert rows.strides == (stride * 8, 8) and out.flags.c_contiguous and out.shape == (n, len(words))
+        return self._gather(_addr(rows), n, stride, _addr(words), len(words), _addr(out), kind)
+
+    def columns(self, chunk: np.ndarray, at64: np.ndarray, at32: np.ndarray, cols: tuple,
+                name_id: Optional[np.ndarray], names) -> int:
+        """``chunk``: (n, row_words) uint64 rows; ``cols``: the 8 column arrays (records.COLUMNS
+        order, length n, contiguous); ``name_id``: int32 (or None: no name ids) from ``names``
+        (a records.NameTable: its hash table, and its window's names, extended here). Returns
+        how many name ids are -1 (pointers the table missed: the caller resolves them)."""
+        n, row_words = chunk.shape
+        assert chunk.flags.c_contiguous and all(len(c) == n and c.flags.c_contiguous for c in cols)
+        if name_id is None:
+            self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols), None,
+                          None, None, 0, None, 0, None, _addr(self._counts))
+            return 0
+        hptr, hgid, shift, win_of = names.table()
+        new_gids = np.empty(len(win_of), np.int64)
+        counts = self._counts
+        counts[0] = len(names.names)
+        misses = self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols),
+                               _addr(name_id), _addr(hptr), _addr(hgid), int(shift), _addr(win_of), len(win_of),
+                               _addr(new_gids), _addr(counts))
+        if counts[1]:
+            names.add_window_names(new_gids[:counts[1]])
+        return int(misses)
+
+
+def _addr(a: Optional[np.ndarray]) -> Optional[int]:
+    """The array's data address: through a ctypes view of its buffer (0.3 us; 1-1.4 us through
+    .ctypes or __array_interface__, which were most of a small buffer's decode); read-only or
+    empty arrays take the slower way."""
+    if a is None:
+        return None
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
+
+
+_STATE: dict = {}
+
+
+def load() -> Optional[NativeDecode]:
+    """The native pass, loaded once per process; None when it is off, not built or fails to load."""
+    if "lib" in _STATE:
+        return _STATE["lib"]
+    lib, why = None, ""
+    if os.environ.get("GRAPHMON_NATIVE_DECODE", "1").strip().lower() in ("0", "false", "no", "off"):
+        why = "off (GRAPHMON_NATIVE_DECODE=0)"
+    else:
+        paths = sorted(glob.glob(os.path.join(_HERE, "_decode*.so")))
+        if not paths:
+            why = "not built (no C compiler at install?): numpy path"
+        else:
+            try:
+                lib = NativeDecode(ctypes.CDLL(paths[0]), paths[0])
+                why = "native"
+            except (OSError, AttributeError) as e:
+                why = f"failed to load {os.path.basename(paths[0])}: {e}"
+    _STATE["lib"], _STATE["why"] = lib, why
+    return lib
+
+
+def status() -> str:
+    """'native', or why the numpy path runs."""
+    load()
+    return _STATE["why"]
+
+
+def reset() -> None:
+    """Forget the loaded state (tests: GRAPHMON_NATIVE_DECODE changed)."""
+    _STATE.clear()
