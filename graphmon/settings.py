@@ -51,7 +51,8 @@ class CuptiSettings(BaseSettings):
     first_launch_wait_s: float = Field(5.0, ge=0, description="longest the launch callbacks stay on outside windows "
                                        "for a new graph's first launch (its upload mode); then it is 'unknown'")
     blocked_retry_s: float = Field(30.0, gt=0, description="seconds between subscribe attempts while another profiler holds CUPTI")
-    poll_s: float = Field(0.05, gt=0, description="collector thread poll interval")
+    poll_s: float = Field(0.05, gt=0, description="collector thread poll interval while the launch callbacks are on "
+                          "outside windows (else it sleeps until the next window)")
     yield_ms: float = Field(0.5, ge=0, le=50, description="the collector thread sleeps at least this long between pieces "
                                                           "of its work (a buffer's decode), so that the host's threads get the GIL")
     gil_share: float = Field(0.2, gt=0, le=1, description="the collector thread's largest share of the GIL while it "

@@ -177,7 +177,11 @@ class CuptiSource(Source):
                     self._window(req)
                     next_window = time.monotonic() + self.next_interval_s(self._traced_s)
                     continue
-                self._wake.wait(min(s.poll_s, max(0.0, next_window - now)))
+                # Between windows the thread sleeps until the next one, unless the launch
+                # callbacks are on (an exec not launched yet, registry): then it polls to switch
+                # them off soon. An instantiate callback that turns them on wakes it (_wake).
+                polling = self._gate.on or self.registry.pending_first_launch > 0
+                self._wake.wait(max(0.0, min(s.poll_s, next_window - now) if polling else next_window - now))
                 self._wake.clear()
             except Exception:
                 self.count_error("collector")
@@ -603,6 +607,7 @@ class CuptiSource(Source):
                 self._set_launch_cb(True)
             except Exception:
                 self.count_error("launch_cb_enable")
+            self._wake.set()  # the collector, asleep until its next window, polls until it launched
 
     def on_destroy(self, exec_handle: int) -> None:
         self.registry.on_destroy(exec_handle)
