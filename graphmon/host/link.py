@@ -340,7 +340,11 @@ class LightCollector:
 
     def start(self, subscribe_wait_s: float = 5.0) -> None:
         """Start collecting; wait (bounded) until CUPTI is subscribed, so that the graph whose
-        capture triggered this is instantiated under the subscription (its upload mode known)."""
+        capture triggered this is instantiated under the subscription (its upload mode known).
+        The link thread's first imports are done here, in attach's time, rather than in the
+        host's first steps after it."""
+        import graphmon.model.wire  # noqa: F401
+
         self.link.start()
         self.source.start(self._on_window)
         deadline = time.monotonic() + subscribe_wait_s

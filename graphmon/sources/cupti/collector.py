@@ -233,13 +233,17 @@ class CuptiSource(Source):
                 self.set_state("blocked", f"cupti subscribe failed (another profiler?): {e}")
                 return False
             self._subscribed = True
-            self.set_state("running")
             if not self._warmed:  # after subscribing: a graph instantiated meanwhile is seen
                 self._warmed = True
                 try:
-                    warm_up()  # numpy's first calls at attach, not in the first window
+                    # numpy's first calls at attach, not in the first window; and before 'running',
+                    # which an in-code attach waits for: on the H200 the host's first step after a
+                    # process's first attach took 70 ms while this ran after it
+                    warm_up()
+                    self.info()  # cupti-python's version (package metadata): read once, here
                 except Exception:
                     self.count_error("warm_up")
+            self.set_state("running")
             return True
         except Exception as e:
             self.count_error("setup")
