@@ -7,6 +7,7 @@ reads /proc/self/maps and wheel metadata; the version call goes through api.py.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -60,8 +61,10 @@ def wheel_version_of(lib_path: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=1)
 def cupti_python_version() -> str:
-    """The installed cupti-python's version, or '' (not installed, or metadata unreadable)."""
+    """The installed cupti-python's version, or '' (not installed, or metadata unreadable). Read
+    once per process: package metadata is a scan of sys.path (ms), and every attach asks."""
     try:
         from importlib.metadata import version
 
