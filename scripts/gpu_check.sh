@@ -6,7 +6,7 @@
 # costs a serving loop (bench/host_impact.py, agent mode, ~7 min) and the decode path on this
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
 # tarball). Sections: GPU_CHECK_SECTIONS=smoke,tests,e2e,live,decode,impact (default tests,e2e,live;
-# smoke: the live CUPTI tests once; decode: bench/decode_buffers.py alone, impact runs it too).
+# smoke: the live CUPTI tests once; decode: bench/decode_buffers.py; impact: bench/host_impact.py).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -74,7 +74,7 @@ print("\n".join(lines))
 PY
   wait $RUN; echo "graphmon run exit code: $?" | tee -a "$OUT/live-summary.txt"
 fi
-if has decode || has impact; then
+if has decode; then
   echo "== decode path on this CPU, native and numpy side by side (bench/decode_buffers.py)"
   timeout 120 $PY bench/decode_buffers.py --out "$OUT" > "$OUT/all/decode-buffers.log" 2>&1; echo "exit $?"
 fi
