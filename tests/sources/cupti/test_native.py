@@ -119,3 +119,13 @@ def test_the_native_path_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(native, "_STATE", {})
     monkeypatch.delenv("GRAPHMON_NATIVE_DECODE")
     assert native.load() is not None and native.status() == "native"
+
+
+def test_the_collector_says_which_decode_runs(monkeypatch):
+    from graphmon.sources.cupti.collector import CuptiSource
+
+    from fake_cupti import FakeCupti
+
+    assert CuptiSource(FakeCupti()).info()["decode"] == "native"
+    monkeypatch.setitem(native._STATE, "lib", None)  # as where the install found no C compiler
+    assert CuptiSource(FakeCupti()).info()["decode"] == "numpy"
