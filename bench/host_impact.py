@@ -33,8 +33,11 @@ collector's CPU; _wall: of its wall time), observer slowdown per window, and a t
 window: the collector's phases (ref, window, drain, flush, collect, build, sink;
 CuptiSource.phase_log) in wall and CPU ms, with the host steps that were long (> 2x the median)
 placed in them and whether a garbage collection overlapped them, so a long step shows which
-phase it came from. Writes DIR/host-impact.json after each section: one failing section never
-loses the others.
+phase it came from. With ``--paired-s``, the median overhead from 0.1 s alternating blocks
+(``paired``: attached-and-idle against detached, the host loop never pausing; the median over
+pairs with its sign-test interval), the number the issue's median target is read from; with
+``--ingest-s``, ingest on real buffers in steady state (``ingest_steady``). Writes
+DIR/host-impact.json after each section: one failing section never loses the others.
 """
 
 from __future__ import annotations
@@ -418,6 +421,33 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
     }
 
 
+def ingest_steady(run_once, seconds: float) -> dict:
+    """Ingest on real buffers in steady state: one attach, a window every 0.5 s (no tracing
+    budget) for ``seconds``, the records and decode CPU of each window after the first (the
+    rounds re-attach, so each of their windows is the first of an attach: names read, decoder
+    measured). records/s of the collector thread's CPU in decode (gather + columns + name ids)."""
+    import graphmon
+
+    ex, src = attach_ready(interval_s=0.5, max_traced_share=1.0, first_window_s=0.2)
+    got: list = []
+    if src is None:
+        graphmon.detach()
+        return {"error": "not attached"}
+    src.taps.append(lambda w: got.append(len(w)))
+    phase(run_once, seconds)
+    plog = [dict(p) for p in src.phase_log]
+    path = src.info().get("decode")
+    graphmon.detach()
+    rows = [{"records": n, "decode_cpu_ms": p["decode_cpu_ms"], "decode_parts_cpu_ms": p["decode_parts_cpu_ms"],
+             "hold_cpu_max_ms": p.get("hold_cpu_max_ms")} for n, p in zip(got, plog)][1:]
+    rates = [r["records"] / (r["decode_cpu_ms"] / 1e3) for r in rows if r["decode_cpu_ms"] > 0 and r["records"]]
+    return {"decode": path, "windows": len(rows), "records_per_window_median": float(np.median([r["records"] for r in rows])) if rows else None,
+            "records_per_s_median": float(np.median(rates)) if rates else None,
+            "records_per_s_min": float(np.min(rates)) if rates else None,
+            "decode_cpu_ms_median": float(np.median([r["decode_cpu_ms"] for r in rows])) if rows else None,
+            "per_window": rows}
+
+
 def sign_test_ci(x: np.ndarray) -> "list[float] | None":
     """Distribution-free 95% interval of the median of ``x`` (order statistics, binomial(n, 1/2))."""
     from math import comb
@@ -590,6 +620,9 @@ def main() -> int:
     ap.add_argument("--paired-s", type=float, default=0.0,
                     help="per workload and mode, seconds of short alternating off/on blocks for the median "
                          "overhead (0: none)")
+    ap.add_argument("--ingest-s", type=float, default=0.0,
+                    help="per workload and mode, seconds of one attach with a window every 0.5 s: ingest on real "
+                         "buffers in steady state (0: none)")
     ap.add_argument("--block-s", type=float, default=0.1, help="seconds per block of --paired-s")
     ap.add_argument("--skip-s", type=float, default=0.03,
                     help="seconds left out at the start of each paired block (the attach's or detach's transient)")
@@ -604,7 +637,7 @@ def main() -> int:
     seconds = a.seconds or (1.5 if a.quick else 2.5)
     R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds, "phases": a.phases,
                      "budget_s": a.budget_s, "max_phase_s": a.max_phase_s, "paired_s": a.paired_s,
-                     "block_s": a.block_s, "skip_s": a.skip_s}
+                     "block_s": a.block_s, "skip_s": a.skip_s, "ingest_s": a.ingest_s}
     R["versions"] = versions()
     save(a.out)
     ticker = Ticker()
@@ -635,6 +668,8 @@ def main() -> int:
                 n_sections = len(modes) * max(1, len(only & set(makers)) if only else len(makers))
                 res = measure(name, run_once, max(3, a.rounds), seconds, ticker, follow_interval=a.phases == "interval",
                               budget_s=a.budget_s / n_sections, max_phase_s=a.max_phase_s)
+                if a.ingest_s > 0:
+                    res["ingest_steady"] = ingest_steady(run_once, a.ingest_s)
                 if a.paired_s > 0:
                     res["paired"] = paired(run_once, a.paired_s, a.block_s, res.get("interval_s_median") or 10.0,
                                            skip_s=a.skip_s)
