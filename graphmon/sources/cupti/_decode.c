@@ -73,8 +73,8 @@ GM_EXPORT int64_t gm_columns(const uint64_t *rows, int64_t n, int64_t row_words,
             }
         }
     }
-    counts[1] = 0;
     if (!name_id) return 0;
+    counts[1] = 0;
     if (fresh) {
         int64_t next = counts[0], k = 0;
         for (int64_t g = 0; g < n_win_of; g++)

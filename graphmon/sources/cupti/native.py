@@ -31,7 +31,6 @@ class NativeDecode:
         self._columns = lib.gm_columns
         self._columns.restype = _I64
         self._columns.argtypes = (_P, _I64, _I64, _P, _P) + (_P,) * 11 + (_I64, _P, _I64, _P, _P)
-        self._counts = np.zeros(2, np.int64)  # in: the window's names so far; out: after, and how many are new
 
     def gather(self, rows: np.ndarray, words: np.ndarray, out: np.ndarray, kind: int) -> int:
         """``rows``: (n, stride_words) uint64 view of a buffer; ``words``: int64 word indices;
@@ -51,12 +50,11 @@ class NativeDecode:
         assert chunk.flags.c_contiguous and all(len(c) == n and c.flags.c_contiguous for c in cols)
         if name_id is None:
             self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols), None,
-                          None, None, 0, None, 0, None, _addr(self._counts))
+                          None, None, 0, None, 0, None, None)
             return 0
         hptr, hgid, shift, win_of = names.table()
         new_gids = np.empty(len(win_of), np.int64)
-        counts = self._counts
-        counts[0] = len(names.names)
+        counts = np.array([len(names.names), 0], np.int64)  # in: the window's names so far; out: after, and how many are new
         misses = self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols),
                                _addr(name_id), _addr(hptr), _addr(hgid), int(shift), _addr(win_of), len(win_of),
                                _addr(new_gids), _addr(counts))
