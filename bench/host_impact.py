@@ -184,6 +184,28 @@ def decode_server_workload(layers: int, steps_per_call: int):
     return run_once, {"config": {"layers": layers, "batch": 1, "sync": "every step"}}
 
 
+def launch_loop_workload(chunk: int = 100, chunks: int = 50):
+    """Eager kernel launches and nothing else: a step is the host time of ``chunk`` launches of
+    a one-element add (the CUDA runtime and driver API path every eager op takes). In paired
+    blocks it shows what graphmon attached and idle costs per driver API call (CUPTI's
+    callback layer), apart from any Python the serving loop runs."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+
+    def run_once() -> np.ndarray:
+        t = np.empty(chunks + 1)
+        t[0] = time.perf_counter()
+        for i in range(chunks):
+            for _ in range(chunk):
+                x.add_(1)
+            t[i + 1] = time.perf_counter()
+        torch.cuda.synchronize()
+        return t
+
+    return run_once, {"config": {"launches_per_step": chunk, "kernel": "add_ on 1 element"}}
+
+
 # ---------------------------------------------------------------------- measurement
 def sweep() -> None:
     """Before every phase, off and on, an untimed full collection: attach() and detach()
@@ -629,7 +651,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="seconds for all the rounds of all workloads and modes: rounds beyond 3 stop when "
                          "the next one would overrun a workload's share")
-    ap.add_argument("--only", default="", help="comma list of workloads to run")
+    ap.add_argument("--only", default="", help="comma list of workloads to run (launch_loop only when named)")
+    ap.add_argument("--paired-only", default="",
+                    help="comma list of workloads measured by --paired-s blocks alone, no rounds (e.g. launch_loop)")
     ap.add_argument("--modes", default="agent,inprocess",
                     help="agent: light collector + a `graphmon agent` process (production); inprocess: the whole "
                          "exporter in this process (graphmon.attach() without an agent)")
@@ -650,13 +674,15 @@ def main() -> int:
         "hf_static_bs1": lambda: hf_workload(1, 64 if a.quick else 128),
         "hf_static_bs4": lambda: hf_workload(4, 64 if a.quick else 128),
         "decode_server": lambda: decode_server_workload(16 if a.quick else 48, 200),
+        "launch_loop": lambda: launch_loop_workload(),
     }
+    paired_only = {x for x in a.paired_only.split(",") if x}
     only = {x for x in a.only.split(",") if x}
     modes = [m for m in a.modes.split(",") if m]
     agent = start_agent() if "agent" in modes else None
     for name, make in makers.items():
-        if only and name not in only:
-            continue
+        if (only and name not in only) or (name == "launch_loop" and name not in only):
+            continue  # launch_loop: only when asked for
         t0 = time.monotonic()
         try:
             run_once, meta = make()
@@ -666,6 +692,21 @@ def main() -> int:
                 else:
                     os.environ.pop("GRAPHMON_AGENT", None)
                 n_sections = len(modes) * max(1, len(only & set(makers)) if only else len(makers))
+                if name in paired_only:  # the paired blocks alone (no windows: attached and idle)
+                    for _ in range(3):
+                        run_once()
+                    import graphmon
+
+                    attach_ready()  # the process's first attach (imports, CUPTI's load) outside the blocks
+                    graphmon.detach()
+                    res = {"_series": [], "paired_only": True}
+                    if a.paired_s > 0:
+                        res["paired"] = paired(run_once, a.paired_s, a.block_s, 1e9, skip_s=a.skip_s)
+                        STEPS[f"{name}@{mode}/paired_pct"] = res["paired"].pop("_pairs")
+                    res.update(meta, mode=mode)
+                    R["workloads"][name if mode == modes[0] else f"{name}@{mode}"] = res
+                    save(a.out)
+                    continue
                 res = measure(name, run_once, max(3, a.rounds), seconds, ticker, follow_interval=a.phases == "interval",
                               budget_s=a.budget_s / n_sections, max_phase_s=a.max_phase_s)
                 if a.ingest_s > 0:
