@@ -703,6 +703,7 @@ def main() -> int:
                     if a.paired_s > 0:
                         res["paired"] = paired(run_once, a.paired_s, a.block_s, 1e9, skip_s=a.skip_s)
                         STEPS[f"{name}@{mode}/paired_pct"] = res["paired"].pop("_pairs")
+                        np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)
                     res.update(meta, mode=mode)
                     R["workloads"][name if mode == modes[0] else f"{name}@{mode}"] = res
                     save(a.out)
