@@ -33,11 +33,15 @@ class NativeDecode:
         self._columns.argtypes = (_P, _I64, _I64, _P, _P) + (_P,) * 11 + (_I64, _P, _I64, _P, _P)
 
     def gather(self, rows: np.ndarray, words: np.ndarray, out: np.ndarray, kind: int) -> int:
-        """``rows``: (n, stride_words) uint64 view of a buffer; ``words``: int64 word indices;
+        """``rows``: (n, stride_words) uint64 view of a buffer; ``words``: int64 word indices, ascending;
         ``out``: (n, len(words)) uint64, C-contiguous. Returns n, or -1 - i at the first record
         i of another kind (``out`` then holds garbage from i on)."""
         n, stride = rows.shape
-        assert rows.strides == (stride * 8, 8) and out.flags.c_contiguous and out.shape == (n, len(words))
+        # real checks, not asserts (python -O strips those): a bad pointer here would be the host's fault
+        if (rows.dtype != np.uint64 or rows.strides != (stride * 8, 8) or out.dtype != np.uint64
+                or not out.flags.c_contiguous or out.shape != (n, len(words)) or not len(words)
+                or int(words[-1]) >= stride or int(words[0]) < 0):  # words: ascending (records._WORDS)
+            raise ValueError("gm_gather: rows, words or out do not match")
         return self._gather(_addr(rows), n, stride, _addr(words), len(words), _addr(out), kind)
 
     def columns(self, chunk: np.ndarray, at64: np.ndarray, at32: np.ndarray, cols: tuple,
@@ -47,7 +51,13 @@ class NativeDecode:
         (a records.NameTable: its hash table, and its window's names, extended here). Returns
         how many name ids are -1 (pointers the table missed: the caller resolves them)."""
         n, row_words = chunk.shape
-        assert chunk.flags.c_contiguous and all(len(c) == n and c.flags.c_contiguous for c in cols)
+        if (chunk.dtype != np.uint64 or not chunk.flags.c_contiguous or len(cols) != 8
+                or any(len(c) != n or not c.flags.c_contiguous or c.itemsize != (4 if i == 3 else 8)
+                       for i, c in enumerate(cols))
+                or (name_id is not None and (len(name_id) != n or name_id.dtype != np.int32
+                                             or not name_id.flags.c_contiguous))
+                or int(max(at64.max(), at32.max() // 2)) >= row_words):
+            raise ValueError("gm_columns: chunk, columns or name ids do not match")
         if name_id is None:
             self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols), None,
                           None, None, 0, None, 0, None, None)

@@ -129,3 +129,18 @@ def test_the_collector_says_which_decode_runs(monkeypatch):
     assert CuptiSource(FakeCupti()).info()["decode"] == "native"
     monkeypatch.setitem(native._STATE, "lib", None)  # as where the install found no C compiler
     assert CuptiSource(FakeCupti()).info()["decode"] == "numpy"
+
+
+def test_mismatched_arrays_are_refused_before_the_c_pass():
+    # checked in Python (not asserts, which python -O strips): a wrong shape would be a bad pointer
+    rows = np.zeros((4, KERNEL13_BYTES // 8), np.uint64)
+    with pytest.raises(ValueError):
+        LIB.gather(rows, _WORDS64, np.zeros((3, len(_WORDS64)), np.uint64), 10)
+    with pytest.raises(ValueError):
+        LIB.gather(rows[:, :10], _WORDS64, np.zeros((4, len(_WORDS64)), np.uint64), 10)  # words past the record
+    from graphmon.sources.cupti.records import _AT32, _AT64, KernelColumns
+
+    chunk = np.zeros((4, len(_WORDS64)), np.uint64)
+    cols = KernelColumns.empty()
+    with pytest.raises(ValueError):
+        LIB.columns(chunk, _AT64, _AT32, tuple(getattr(cols, k) for k in COLUMNS), None, None)
