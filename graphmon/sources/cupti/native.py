@@ -63,6 +63,9 @@ class NativeDecode:
                           None, None, 0, None, 0, None, None)
             return 0
         hptr, hgid, shift, win_of = names.table()
+        if (hptr.dtype != np.uint64 or hgid.dtype != np.int64 or win_of.dtype != np.int32 or not 0 < shift < 64
+                or len(hptr) != 1 << (64 - shift) or len(hgid) != len(hptr) or not win_of.flags.c_contiguous):
+            raise ValueError("gm_columns: the name table does not match its shift")
         new_gids = np.empty(len(win_of), np.int64)
         counts = np.array([len(names.names), 0], np.int64)  # in: the window's names so far; out: after, and how many are new
         misses = self._columns(_addr(chunk), n, row_words, _addr(at64), _addr(at32), *(_addr(c) for c in cols),
