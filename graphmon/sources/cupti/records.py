@@ -90,7 +90,7 @@ class DecodeStats:
 
 
 WORDS_PER_RECORD = len(_WORDS)
-CHUNK_RECORDS = 1 << 13  # rows of one store chunk (590 KB): also the records per GIL hold at a window's end
+CHUNK_RECORDS = 1 << 13  # rows of one store chunk (590 KB): also the records per piece of work at a window's end
 KEEP_CHUNKS = 8  # chunks a store keeps between windows (4.7 MB): a default window needs one to three
 _NO_ROWS = np.empty((0, WORDS_PER_RECORD), np.uint64)
 _NO_PTR = np.uint64(2**64 - 1)  # an empty hash slot: never a user-space address
@@ -286,7 +286,7 @@ class RecordStore:
             if nat is not None:
                 nid = name_id[at:b] if name_id is not None else None
                 misses = nat.columns(c, _AT64, _AT32, tuple(getattr(cols, k)[at:b] for k in COLUMNS), nid, names)
-                if misses and nid is not None:  # new pointers, or names new to this window
+                if misses and nid is not None:  # pointers the hash table missed: new ones, or one that lost its slot
                     m = np.flatnonzero(nid < 0)
                     nid[m] = names.ids(cols.name_ptr[at:b][m])
                 at = b
