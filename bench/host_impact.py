@@ -681,8 +681,8 @@ def main() -> int:
     modes = [m for m in a.modes.split(",") if m]
     agent = start_agent() if "agent" in modes else None
     for name, make in makers.items():
-        if (only and name not in only) or (name == "launch_loop" and name not in only):
-            continue  # launch_loop: only when asked for
+        if (name not in only) if only else name == "launch_loop":
+            continue  # launch_loop: only when named
         t0 = time.monotonic()
         try:
             run_once, meta = make()
@@ -699,22 +699,16 @@ def main() -> int:
 
                     attach_ready()  # the process's first attach (imports, CUPTI's load) outside the blocks
                     graphmon.detach()
-                    res = {"_series": [], "paired_only": True}
-                    if a.paired_s > 0:
-                        res["paired"] = paired(run_once, a.paired_s, a.block_s, 1e9, skip_s=a.skip_s)
-                        STEPS[f"{name}@{mode}/paired_pct"] = res["paired"].pop("_pairs")
-                        np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)
-                    res.update(meta, mode=mode)
-                    R["workloads"][name if mode == modes[0] else f"{name}@{mode}"] = res
-                    save(a.out)
-                    continue
-                res = measure(name, run_once, max(3, a.rounds), seconds, ticker, follow_interval=a.phases == "interval",
-                              budget_s=a.budget_s / n_sections, max_phase_s=a.max_phase_s)
-                if a.ingest_s > 0:
-                    res["ingest_steady"] = ingest_steady(run_once, a.ingest_s)
+                    res, interval_s = {"_series": [], "paired_only": True}, 1e9
+                else:
+                    res = measure(name, run_once, max(3, a.rounds), seconds, ticker,
+                                  follow_interval=a.phases == "interval", budget_s=a.budget_s / n_sections,
+                                  max_phase_s=a.max_phase_s)
+                    if a.ingest_s > 0:
+                        res["ingest_steady"] = ingest_steady(run_once, a.ingest_s)
+                    interval_s = res.get("interval_s_median") or 10.0
                 if a.paired_s > 0:
-                    res["paired"] = paired(run_once, a.paired_s, a.block_s, res.get("interval_s_median") or 10.0,
-                                           skip_s=a.skip_s)
+                    res["paired"] = paired(run_once, a.paired_s, a.block_s, interval_s, skip_s=a.skip_s)
                     STEPS[f"{name}@{mode}/paired_pct"] = res["paired"].pop("_pairs")
                 STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
                               for k, v in ser.items()})
