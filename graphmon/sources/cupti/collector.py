@@ -58,7 +58,6 @@ class CuptiSource(Source):
         # True: the sink gets WindowRecords, unfiltered (a light collector ships them to the agent,
         # which assembles the Window); False: the sink gets the assembled Window
         self.records_sink = False
-        self._cupti_python: Optional[str] = None
 
         self._sink: Optional[Sink] = None
         self._thread: Optional[threading.Thread] = None
@@ -112,13 +111,12 @@ class CuptiSource(Source):
 
     # ================================================================== protocol
     def info(self) -> dict[str, str]:
-        if self._cupti_python is None:
-            self._cupti_python = cupti_python_version()
         out = {"backend": self.backend, "observer": self.observer,
                # which decode pass runs (records.py): the C one, or numpy where it was not built
                "decode": "native" if _native.load() is not None else "numpy"}
-        if self._cupti_python:
-            out["cupti_python"] = self._cupti_python
+        version = cupti_python_version()  # read once per process (package metadata)
+        if version:
+            out["cupti_python"] = version
         if self.api is not None:
             try:
                 out.update(self.api.info())  # which libcupti won the load (collector_info)
@@ -240,7 +238,7 @@ class CuptiSource(Source):
                     # which an in-code attach waits for: on the H200 the host's first step after a
                     # process's first attach took 70 ms while this ran after it
                     warm_up()
-                    self.info()  # cupti-python's version (package metadata): read once, here
+                    cupti_python_version()  # package metadata (ms): read once per process, here
                 except Exception:
                     self.count_error("warm_up")
             self.set_state("running")

@@ -116,8 +116,3 @@ def status() -> str:
     """'native', or why the numpy path runs."""
     load()
     return _STATE["why"]
-
-
-def reset() -> None:
-    """Forget the loaded state (tests: GRAPHMON_NATIVE_DECODE changed)."""
-    _STATE.clear()
