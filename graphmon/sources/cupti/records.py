@@ -113,8 +113,8 @@ class BufferDecoder:
         records the buffer held (the store keeps what fits and counts the rest as discarded).
 
         Every field graphmon reads sits in one of 9 aligned 8-byte words of a record (``_WORDS``),
-        so one np.take per buffer reads each record once (CUPTI's thread wrote the buffer: it is
-        cold here) straight into the store's preallocated rows: no columns, no allocation per
+        so one gather per buffer (the C pass's, or np.take) reads each record once (CUPTI's thread
+        wrote the buffer: it is cold here) straight into the store's preallocated rows: no columns, no allocation per
         buffer. Columns are made once per window (RecordStore.columns)."""
         st = self.stats
         st.buffers += 1
@@ -289,19 +289,18 @@ class RecordStore:
                 if misses and nid is not None:  # pointers the hash table missed: new ones, or one that lost its slot
                     m = np.flatnonzero(nid < 0)
                     nid[m] = names.ids(cols.name_ptr[at:b][m])
-                at = b
-                continue
-            i64, u32 = c.view(np.int64), c.view(np.uint32)
-            cols.start_ns[at:b] = i64[:, _AT["start"]]
-            cols.end_ns[at:b] = i64[:, _AT["end"]]
-            cols.stream[at:b] = u32[:, _U32["stream_id"]]
-            cols.device[at:b] = u32[:, _U32["device_id"]]
-            cols.graph_id[at:b] = u32[:, _U32["graph_id"]]
-            cols.graph_node_id[at:b] = i64[:, _AT["graph_node_id"]]
-            cols.correlation_id[at:b] = u32[:, _U32["correlation_id"]]
-            cols.name_ptr[at:b] = c[:, _AT["name_ptr"]]
-            if name_id is not None:
-                name_id[at:b] = names.ids(cols.name_ptr[at:b])
+            else:
+                i64, u32 = c.view(np.int64), c.view(np.uint32)
+                cols.start_ns[at:b] = i64[:, _AT["start"]]
+                cols.end_ns[at:b] = i64[:, _AT["end"]]
+                cols.stream[at:b] = u32[:, _U32["stream_id"]]
+                cols.device[at:b] = u32[:, _U32["device_id"]]
+                cols.graph_id[at:b] = u32[:, _U32["graph_id"]]
+                cols.graph_node_id[at:b] = i64[:, _AT["graph_node_id"]]
+                cols.correlation_id[at:b] = u32[:, _U32["correlation_id"]]
+                cols.name_ptr[at:b] = c[:, _AT["name_ptr"]]
+                if name_id is not None:
+                    name_id[at:b] = names.ids(cols.name_ptr[at:b])
             at = b
         return cols, name_id
 
