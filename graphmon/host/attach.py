@@ -131,6 +131,7 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
             if record_path:
                 recorder = Recorder(_rank_path(record_path), record_windows)
                 source.start(recorder)
+                source.wait_started()  # as the light collector does: graphs captured next are seen whole
                 if record_windows:
                     # enough windows: stop tracing (from another thread: the sink runs on the collector)
                     threading.Thread(target=lambda: recorder.done.wait() and source.stop(),
@@ -143,6 +144,7 @@ def attach(*, cupti: Any = None, serve: bool = True, record_path: Optional[str] 
                 settings["port"] = base + _local_rank() if base else 0  # 0: any free port
                 exporter = Exporter(source, Settings(**settings))
                 exporter.start()
+                source.wait_started()  # as the light collector does: graphs captured next are seen whole
                 if serve:
                     try:
                         exporter.serve_background()

@@ -347,9 +347,7 @@ class LightCollector:
 
         self.link.start()
         self.source.start(self._on_window)
-        deadline = time.monotonic() + subscribe_wait_s
-        while self.source.health().state == "starting" and time.monotonic() < deadline:
-            time.sleep(0.002)
+        self.source.wait_started(subscribe_wait_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self.source.stop(timeout_s=timeout_s)  # flushes its pending window to the link

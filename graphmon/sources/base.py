@@ -55,6 +55,15 @@ class Source(abc.ABC):
             if exc is not None:
                 self._last_errors[stage] = repr(exc)[:300]
 
+    def wait_started(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) until the source has left 'starting' (a CUPTI source: subscribed and
+        warmed up, or blocked, or failed). An in-code attach waits for it, so that the graph
+        whose capture follows the attach is instantiated under the subscription (its upload
+        mode known) and the warm-up is attach's time, not the host's next steps."""
+        deadline = time.monotonic() + timeout_s
+        while self._state == "starting" and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     def set_state(self, state: str, reason: str = "") -> None:
         self._state, self._reason = state, reason
 

@@ -115,6 +115,27 @@ def test_record_mode_saves_native_trace(tmp_path, monkeypatch):
     assert not fake.activity  # tracing stopped once the windows were recorded
 
 
+class SlowSubscribe(FakeCupti):
+    """CUPTI whose subscription takes a while (a loaded machine, a first libcupti load)."""
+
+    def subscribe(self, handler):
+        time.sleep(0.3)
+        super().subscribe(handler)
+
+
+@pytest.mark.parametrize("mode", ["record", "inprocess"])
+def test_attach_returns_once_cupti_is_subscribed(tmp_path, monkeypatch, mode):
+    # a graph captured right after attach() is seen from its instantiation (its upload mode
+    # known), whichever way graphmon runs; the light collector already waited (test_link)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    kw = dict(record_path=str(tmp_path / "r.graphmon.npz"), record_windows=1) if mode == "record" else dict(port=0)
+    graphmon.attach(cupti=SlowSubscribe(), **kw, **FAST)
+    try:
+        assert attach_mod.attached().source.health().state == "running"
+    finally:
+        graphmon.detach()
+
+
 def test_rank_path():
     env = dict(os.environ)
     try:
