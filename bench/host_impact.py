@@ -486,7 +486,8 @@ def sign_test_ci(x: np.ndarray) -> "list[float] | None":
 
 
 def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: float = 0.03,
-           seed: int = 0) -> dict:
+           seed: int = 0, turn_on: "Callable[[float], object] | None" = None,
+           turn_off: "Callable[[], None] | None" = None) -> dict:
     """The median overhead from short alternating blocks: the host loop runs without a break
     while a control thread attaches graphmon for an "on" block and detaches it for the "off"
     block beside it (off,on then on,off), each block ``block_s`` long once ``skip_s`` has passed
@@ -502,9 +503,16 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
     pairs (a pair that straddles a level switch is an outlier, not a shift) with its
     sign-test interval; the mean of ratios is biased upward by sigma^2/2 (0.1-0.5% here).
     Simulated on the recorded "off" phases (null data): 0.1 s blocks give +-0.25% in ~15 s
-    (decode_server) and ~150-450 s (HF)."""
+    (decode_server) and ~150-450 s (HF).
+
+    ``turn_on(first_window_s)`` / ``turn_off()`` replace graphmon's attach / detach (the
+    CUPTI states of bench/cupti_idle_cost.py); turn_on may return a source with ``stats``."""
     import graphmon
 
+    if turn_on is None:
+        turn_on = lambda first: attach_ready(first_window_s=first)[1]  # noqa: E731
+    if turn_off is None:
+        turn_off = graphmon.detach
     rng = np.random.default_rng(seed)
     blocks: list[dict] = []
     stop = threading.Event()
@@ -520,15 +528,16 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
                         window = bool(rng.random() < block_s / max(interval_s, block_s))
                         first = skip_s + float(rng.uniform(0.0, block_s)) if window else 1e6
                         t_a = time.perf_counter()
-                        _, src = attach_ready(first_window_s=first)
+                        src = turn_on(first)
                         b["attach_ms"] = (time.perf_counter() - t_a) * 1e3
                     b["t0"] = time.perf_counter() + skip_s
                     time.sleep(skip_s + block_s)
                     b["t1"] = time.perf_counter()
                     if arm == "on":
-                        b["windows"] = int(src.stats.get("windows", 0)) if src is not None else 0
+                        stats = getattr(src, "stats", None) or {}
+                        b["windows"] = int(stats.get("windows", 0))
                         t_d = time.perf_counter()
-                        graphmon.detach()
+                        turn_off()
                         b["detach_ms"] = (time.perf_counter() - t_d) * 1e3
                     blocks.append(b)
                 i += 1
@@ -548,7 +557,7 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
     stop.set()
     ctl.join(10)
     try:
-        graphmon.detach()  # an "on" block cut short
+        turn_off()  # an "on" block cut short
     except Exception:
         pass
     steps = np.concatenate(steps_l) if steps_l else np.zeros(0)

@@ -1,0 +1,313 @@
+"""What CUPTI costs the host between graphmon's windows (issue 13), and where it comes from.
+
+Attached and idle, graphmon cost an HF transformers decode +0.46% (paired blocks, H200), with no
+Python of its own running. This splits that cost by CUPTI state, each state against "none"
+(unsubscribed) in alternating blocks in one process:
+
+  sub       subscribed, no callback enabled
+  resource  + the resource domain's GRAPHEXEC_CREATED / GRAPHEXEC_DESTROY_STARTING
+  driver    + driver-API instantiate / upload / exec-destroy callbacks (graphmon's idle state)
+  launch    + cuGraphLaunch callbacks (graphmon inside a window; calibration: a known cost)
+  graphmon  graphmon's CuptiSource started and idle (its threads, buffer callbacks registered)
+
+Three host operations, each a driver API call under torch: a stream query (cuStreamQuery), an
+eager one-element add (cuLaunchKernel) and a one-kernel graph replay (cuGraphLaunch). Per
+state and op: the median over pairs of 100*log(time on / time off) with its sign-test 95%
+interval, and the same as ns per call. Then, for the HF decode of bench/host_impact.py, the
+driver and runtime API calls per decode step (counted by a callback for one request) and paired
+blocks of the decode itself with some states. Then one traced window, and the ops again: does
+anything stay slower once kernel tracing has been on (the GPU time of a graph replay too)?
+
+    python bench/cupti_idle_cost.py --out DIR [--hf-s 35] [--hf-states driver,resource,graphmon]
+
+Writes DIR/cupti-idle-cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import host_impact as H  # noqa: E402  (the HF workload, the paired blocks, the sign test)
+
+R: dict = {"micro": {}, "hf": {}, "errors": {}}
+RAW_STATES = ("sub", "resource", "driver", "launch")
+
+
+class RawCupti:
+    """cupti-python alone, in the states above (graphmon's adapter names the callback ids)."""
+
+    def __init__(self) -> None:
+        from cupti import cupti as c
+
+        from graphmon.sources.cupti import api
+
+        self.c, self.sub, self.calls = c, None, 0
+        ids = c.DriverApiTraceCbid
+        names = api._INSTANTIATE + api._UPLOAD + api._DESTROY
+        self.idle_cbids = [int(getattr(ids, n)) for n in names if getattr(ids, n, None) is not None]
+        self.launch_cbids = [int(getattr(ids, n)) for n in api._LAUNCH if getattr(ids, n, None) is not None]
+        res = c.CallbackIdResource
+        self.resource_cbids = [int(res.GRAPHEXEC_CREATED), int(res.GRAPHEXEC_DESTROY_STARTING)]
+
+    def _cb(self, userdata, domain, cbid, cbdata) -> None:
+        self.calls += 1
+
+    def on(self, state: str) -> None:
+        c = self.c
+        self.off()
+        self.sub = c.subscribe(self._cb, None)
+        if state == "resource":
+            for cbid in self.resource_cbids:
+                c.enable_callback(1, self.sub, c.CallbackDomain.RESOURCE, cbid)
+        if state in ("driver", "launch"):
+            for cbid in self.idle_cbids:
+                c.enable_callback(1, self.sub, c.CallbackDomain.DRIVER_API, cbid)
+        if state == "launch":
+            for cbid in self.launch_cbids:
+                c.enable_callback(1, self.sub, c.CallbackDomain.DRIVER_API, cbid)
+
+    def off(self) -> None:
+        if self.sub is not None:
+            self.c.unsubscribe(self.sub)
+            self.sub = None
+
+
+class GraphmonIdle:
+    """graphmon's CUPTI source, started with no window due (what a light collector holds)."""
+
+    def __init__(self, first_window_s: float = 1e6) -> None:
+        self.first_window_s = first_window_s
+        self.src = None
+
+    def on(self, state: str = "graphmon"):
+        from graphmon.settings import CuptiSettings
+        from graphmon.sources.cupti.collector import CuptiSource
+
+        self.off()
+        self.src = CuptiSource(settings=CuptiSettings(first_window_s=self.first_window_s, interval_s=1e5,
+                                                      max_interval_s=1e5))
+        self.src.start(lambda w: None)
+        self.src.wait_started(5.0)
+        return self.src
+
+    def off(self) -> None:
+        if self.src is not None:
+            self.src.stop()
+            self.src = None
+
+
+def micro_ops():
+    import torch
+
+    s = torch.cuda.current_stream()
+    x = torch.zeros(1, device="cuda")
+    g_in = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(s)
+    with torch.cuda.stream(side):
+        g_in.add_(1)  # warm the kernel before capture
+    s.wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        g_in.add_(1)
+    big_in = torch.zeros(1, device="cuda")
+    big = torch.cuda.CUDAGraph()  # 100 kernels: the GPU time of a replay (residual instrumentation?)
+    with torch.cuda.graph(big):
+        for _ in range(100):
+            big_in.add_(1)
+    torch.cuda.synchronize()
+
+    def query(n: int) -> None:
+        for _ in range(n):
+            s.query()
+
+    def launch(n: int) -> None:
+        for i in range(n):
+            x.add_(1)
+            if i % 256 == 255:
+                torch.cuda.synchronize()  # a shallow queue: the host never waits on a full one
+        torch.cuda.synchronize()
+
+    def replay(n: int) -> None:
+        for i in range(n):
+            g.replay()
+            if i % 256 == 255:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+
+    def big_gpu_us(reps: int = 20) -> float:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = []
+        for _ in range(reps):
+            e0.record()
+            big.replay()
+            e1.record()
+            e1.synchronize()
+            out.append(e0.elapsed_time(e1) * 1e3)
+        return float(np.median(out))
+
+    return {"stream_query": (query, 3000), "eager_launch": (launch, 1000), "graph_replay": (replay, 600)}, big_gpu_us
+
+
+def block_ns(fn, n: int) -> float:
+    t0 = time.perf_counter_ns()
+    fn(n)
+    return (time.perf_counter_ns() - t0) / n
+
+
+def compare(arm, state: str, ops: dict, pairs: int) -> dict:
+    """Alternating (off,on)/(on,off) blocks of each op; per pair log-ratio and ns difference."""
+    out = {}
+    for op, (fn, n) in ops.items():
+        fn(n)  # warm
+        ratios, diffs, on_ns, off_ns = [], [], [], []
+        for i in range(pairs):
+            got = {}
+            for a in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                if a == "on":
+                    arm.on(state)
+                got[a] = block_ns(fn, n)
+                if a == "on":
+                    arm.off()
+            ratios.append(100 * np.log(got["on"] / got["off"]))
+            diffs.append(got["on"] - got["off"])
+            on_ns.append(got["on"])
+            off_ns.append(got["off"])
+        r, d = np.array(ratios), np.array(diffs)
+        out[op] = {"pairs": pairs, "calls_per_block": n, "median_pct": float(np.median(r)),
+                   "ci95_pct": H.sign_test_ci(r), "median_ns_per_call": float(np.median(d)),
+                   "ci95_ns_per_call": H.sign_test_ci(d), "off_ns_per_call_median": float(np.median(off_ns)),
+                   "on_ns_per_call_median": float(np.median(on_ns))}
+        print(f"  {state:9s} {op:13s} {out[op]['median_pct']:+7.2f}% {out[op]['ci95_pct']}  "
+              f"{out[op]['median_ns_per_call']:+8.1f} ns/call (off {out[op]['off_ns_per_call_median']:.0f} ns)",
+              flush=True)
+    return out
+
+
+def level(ops: dict, blocks: int) -> dict:
+    """Each op's time per call with nothing subscribed (for before/after a traced window)."""
+    return {op: float(np.median([block_ns(fn, n) for _ in range(blocks)])) for op, (fn, n) in ops.items()}
+
+
+def count_calls(run_once) -> dict:
+    """Driver and runtime API calls per decode step: every callback of both domains, one request."""
+    from cupti import cupti as c
+
+    counts: dict = {}
+
+    def cb(userdata, domain, cbid, cbdata) -> None:
+        if cbdata.callback_site == c.ApiCallbackSite.API_ENTER:
+            k = (int(domain), int(cbid))
+            counts[k] = counts.get(k, 0) + 1
+
+    sub = c.subscribe(cb, None)
+    c.enable_domain(1, sub, c.CallbackDomain.DRIVER_API)
+    c.enable_domain(1, sub, c.CallbackDomain.RUNTIME_API)
+    try:
+        t = run_once()
+    finally:
+        c.unsubscribe(sub)
+    steps = max(1, len(t) - 1)
+    drv = int(c.CallbackDomain.DRIVER_API)
+    by_name = sorted(((n, c.get_callback_name(d, k), d == drv) for (d, k), n in counts.items()), reverse=True)
+    return {"steps": steps,
+            "driver_calls_per_step": sum(n for n, _, is_drv in by_name if is_drv) / steps,
+            "runtime_calls_per_step": sum(n for n, _, is_drv in by_name if not is_drv) / steps,
+            "top": [{"name": str(name), "domain": "driver" if is_drv else "runtime", "per_step": n / steps}
+                    for n, name, is_drv in by_name[:25]]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--pairs", type=int, default=60, help="pairs of blocks per state and op")
+    ap.add_argument("--hf-s", type=float, default=35.0, help="seconds of HF paired blocks per state (0: no HF)")
+    ap.add_argument("--hf-states", default="driver,resource,graphmon")
+    ap.add_argument("--hf-bs", type=int, default=1)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "cupti-idle-cost.json")
+
+    def save() -> None:
+        with open(path, "w") as fh:
+            json.dump(R, fh, indent=1, default=str)
+
+    R["versions"] = H.versions()
+    R["settings"] = vars(a)
+    t_start = time.monotonic()
+    ops, big_gpu_us = micro_ops()
+    raw, gm = RawCupti(), GraphmonIdle()
+    try:
+        print("micro, before any kernel tracing:", flush=True)
+        R["micro"]["level_before"] = level(ops, 20)
+        R["micro"]["graph100_gpu_us_before"] = big_gpu_us()
+        for state in RAW_STATES:
+            R["micro"][state] = compare(raw, state, ops, a.pairs)
+            save()
+        R["micro"]["graphmon"] = compare(gm, "graphmon", ops, a.pairs // 2)
+        save()
+    except Exception:
+        R["errors"]["micro"] = traceback.format_exc()[-3000:]
+        save()
+
+    if a.hf_s > 0:
+        try:
+            run_once, meta = H.hf_workload(a.hf_bs, 128)
+            for _ in range(3):
+                run_once()
+            R["hf"]["meta"] = meta
+            R["hf"]["calls"] = count_calls(run_once)
+            print(f"HF bs{a.hf_bs}: {R['hf']['calls']['driver_calls_per_step']:.1f} driver, "
+                  f"{R['hf']['calls']['runtime_calls_per_step']:.1f} runtime calls per step", flush=True)
+            save()
+            for state in [x for x in a.hf_states.split(",") if x]:
+                arm = gm if state == "graphmon" else raw
+                res = H.paired(run_once, a.hf_s, 0.1, 1e9, turn_on=lambda first, st=state, ar=arm: ar.on(st),
+                               turn_off=arm.off)
+                res.pop("_pairs", None)
+                R["hf"][state] = res
+                print(f"  HF {state:9s} {res['median_overhead_pct']:+.2f}% [{res['ci95_low_pct']}, "
+                      f"{res['ci95_high_pct']}] over {res['n_pairs']} pairs", flush=True)
+                save()
+        except Exception:
+            R["errors"]["hf"] = traceback.format_exc()[-3000:]
+            save()
+
+    try:  # one traced window, then the same ops again, unsubscribed
+        win = GraphmonIdle(first_window_s=0.05)
+        src = win.on()
+        fn, n = ops["graph_replay"]
+        t_w = time.monotonic()
+        while src.stats.get("windows", 0) < 1 and time.monotonic() - t_w < 10:
+            fn(n)
+        R["micro"]["window"] = {"windows": src.stats.get("windows"), "records": src.stats.get("records")}
+        win.off()
+        print("micro, after one traced window:", flush=True)
+        R["micro"]["level_after"] = level(ops, 20)
+        R["micro"]["graph100_gpu_us_after"] = big_gpu_us()
+        R["micro"]["after_driver"] = compare(raw, "driver", ops, a.pairs // 2)
+        R["micro"]["level_after_ratio"] = {k: R["micro"]["level_after"][k] / v
+                                           for k, v in R["micro"]["level_before"].items()}
+        print(f"  level after/before: {R['micro']['level_after_ratio']}; graph100 GPU us "
+              f"{R['micro']['graph100_gpu_us_before']:.1f} -> {R['micro']['graph100_gpu_us_after']:.1f}", flush=True)
+    except Exception:
+        R["errors"]["after"] = traceback.format_exc()[-3000:]
+    R["total_seconds"] = time.monotonic() - t_start
+    save()
+    return 0 if not R["errors"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
