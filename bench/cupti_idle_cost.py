@@ -158,7 +158,13 @@ def micro_ops():
             out.append(e0.elapsed_time(e1) * 1e3)
         return float(np.median(out))
 
-    return {"stream_query": (query, 3000), "eager_launch": (launch, 1000), "graph_replay": (replay, 600)}, big_gpu_us
+    def big_sync(n: int) -> None:  # host time of a replay the host waits for: GPU time included
+        for _ in range(n):
+            big.replay()
+            torch.cuda.synchronize()
+
+    return {"stream_query": (query, 3000), "eager_launch": (launch, 1000), "graph_replay": (replay, 600),
+            "graph100_synced": (big_sync, 40)}, big_gpu_us
 
 
 def block_ns(fn, n: int) -> float:
@@ -229,6 +235,123 @@ def count_calls(run_once) -> dict:
                     for n, name, is_drv in by_name[:25]]}
 
 
+class Finalizing:
+    """CUPTI's state toggled by cuptiFinalize: "on" registers graphmon's buffer callbacks (and,
+    with ``activity``, traces a few replays, flushes; with ``sub``, subscribes the idle driver
+    callbacks: graphmon's idle state after a window); "off" unsubscribes and finalizes."""
+
+    def __init__(self, raw: RawCupti, ops: dict, activity: bool, sub: bool) -> None:
+        from graphmon.sources.cupti.api import CuptiPythonApi
+
+        self.raw, self.activity, self.sub = raw, activity, sub
+        self.api = CuptiPythonApi(8 << 20, 8)
+        self.replay = ops["graph_replay"][0]
+        self.times: dict = {"finalize_ms": [], "register_ms": [], "enable_ms": [], "traced_replay_ms": [],
+                            "records": []}
+
+    def drain(self) -> int:
+        n = 0
+        while True:
+            b = self.api.completed_buffer()
+            if b is None:
+                return n
+            n += len(b.data)
+            self.api.release_buffer(b.key)
+
+    def on(self, state: str = "") -> None:
+        c, t = self.raw.c, self.times
+        t0 = time.perf_counter()
+        rc = self.api.lib.cuptiActivityRegisterCallbacks(self.api.pool.request_cb, self.api.pool.complete_cb)
+        assert rc == 0, rc
+        t["register_ms"].append((time.perf_counter() - t0) * 1e3)
+        if self.activity:
+            t0 = time.perf_counter()
+            c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+            t1 = time.perf_counter()
+            self.replay(50)
+            t2 = time.perf_counter()
+            c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
+            self.api.flush(forced=True)
+            t["enable_ms"].append((t1 - t0) * 1e3)
+            t["traced_replay_ms"].append((t2 - t1) * 1e3)
+            t["records"].append(self.drain())
+        if self.sub:
+            self.raw.on("driver")
+
+    def off(self) -> None:
+        self.raw.off()
+        self.api.flush(forced=True)
+        self.drain()
+        t0 = time.perf_counter()
+        self.raw.c.finalize()
+        self.times["finalize_ms"].append((time.perf_counter() - t0) * 1e3)
+
+
+def summary_ms(x: list) -> dict:
+    return {"n": len(x), "median": float(np.median(x)), "max": float(np.max(x))} if x else {}
+
+
+def finalize_in_callback(raw: RawCupti, ops: dict) -> dict:
+    """cuptiFinalize the way CUPTI's docs recommend: from a driver API exit callback (the host's
+    own call, so nothing races it); how long the host's call took, and CUPTI usable after."""
+    c = raw.c
+    f = Finalizing(raw, ops, activity=True, sub=False)
+    f.on()
+    f.api.flush(forced=True)
+    f.drain()
+    got: dict = {}
+
+    def cb(userdata, domain, cbid, cbdata) -> None:
+        if "ms" not in got and cbdata.callback_site == c.ApiCallbackSite.API_EXIT:
+            got["api"] = str(c.get_callback_name(domain, cbid))
+            t0 = time.perf_counter()
+            c.finalize()
+            got["ms"] = (time.perf_counter() - t0) * 1e3
+
+    sub = c.subscribe(cb, None)
+    c.enable_domain(1, sub, c.CallbackDomain.DRIVER_API)
+    query = ops["stream_query"][0]
+    t0 = time.perf_counter()
+    query(1)
+    got["host_call_ms"] = (time.perf_counter() - t0) * 1e3
+    try:
+        c.unsubscribe(sub)  # finalize dropped it already
+        got["unsubscribe_after"] = "ok"
+    except Exception as e:
+        got["unsubscribe_after"] = repr(e)[:200]
+    raw.on("driver")  # usable again
+    raw.off()
+    return got
+
+
+def stages(ops: dict, raw: RawCupti, pairs: int) -> dict:
+    """Before any other CUPTI use in this process: the driver subscription's cost once graphmon's
+    buffer callbacks are registered, once kernel tracing has been on, and once CUPTI is
+    finalized; then each of those states against a finalized CUPTI (toggled by cuptiFinalize)."""
+    out: dict = {}
+    print("stages:", flush=True)
+    out["0_clean"] = compare(raw, "driver", ops, pairs)
+    fz = Finalizing(raw, ops, activity=False, sub=False)
+    fz.on()
+    out["1_registered"] = compare(raw, "driver", ops, pairs)
+    fa = Finalizing(raw, ops, activity=True, sub=False)
+    fa.on()
+    out["first_enable"] = dict(fa.times)
+    out["2_after_tracing"] = compare(raw, "driver", ops, pairs)
+    fa.off()
+    out["3_finalized"] = compare(raw, "driver", ops, pairs)
+    out["finalize_in_callback"] = finalize_in_callback(raw, ops)
+    print(f"  finalize in an API exit callback: {out['finalize_in_callback']}", flush=True)
+    for name, f in (("4_registered_vs_finalized", Finalizing(raw, ops, False, False)),
+                    ("5_traced_vs_finalized", Finalizing(raw, ops, True, False)),
+                    ("6_traced_subscribed_vs_finalized", Finalizing(raw, ops, True, True))):
+        print(f" {name}:", flush=True)
+        out[name] = compare(f, name, ops, max(6, pairs // 3))
+        out[name]["times"] = {k: summary_ms(v) for k, v in f.times.items()}
+        print(f"  times {out[name]['times']}", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -236,6 +359,9 @@ def main() -> int:
     ap.add_argument("--hf-s", type=float, default=35.0, help="seconds of HF paired blocks per state (0: no HF)")
     ap.add_argument("--hf-states", default="driver,resource,graphmon")
     ap.add_argument("--hf-bs", type=int, default=1)
+    ap.add_argument("--stages", action="store_true",
+                    help="first: the cost by CUPTI state before and after kernel tracing and cuptiFinalize")
+    ap.add_argument("--no-micro", action="store_true", help="skip the per-state micro comparisons")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "cupti-idle-cost.json")
@@ -249,7 +375,15 @@ def main() -> int:
     t_start = time.monotonic()
     ops, big_gpu_us = micro_ops()
     raw, gm = RawCupti(), GraphmonIdle()
+    if a.stages:
+        try:
+            R["stages"] = stages(ops, raw, a.pairs)
+        except Exception:
+            R["errors"]["stages"] = traceback.format_exc()[-3000:]
+        save()
     try:
+        if a.no_micro:
+            raise StopIteration
         print("micro, before any kernel tracing:", flush=True)
         R["micro"]["level_before"] = level(ops, 20)
         R["micro"]["graph100_gpu_us_before"] = big_gpu_us()
@@ -258,6 +392,8 @@ def main() -> int:
             save()
         R["micro"]["graphmon"] = compare(gm, "graphmon", ops, a.pairs // 2)
         save()
+    except StopIteration:
+        pass
     except Exception:
         R["errors"]["micro"] = traceback.format_exc()[-3000:]
         save()
@@ -292,7 +428,24 @@ def main() -> int:
         t_w = time.monotonic()
         while src.stats.get("windows", 0) < 1 and time.monotonic() - t_w < 10:
             fn(n)
-        R["micro"]["window"] = {"windows": src.stats.get("windows"), "records": src.stats.get("records")}
+        R["micro"]["window"] = {"windows": src.stats.get("windows"), "records": src.stats.get("records"),
+                                "errors": dict(src.health().errors) if hasattr(src.health(), "errors") else None}
+        # a graph captured now: its instantiation seen (upload mode known) after the finalize cycles
+        import torch
+
+        from graphmon.sources.cupti.registry import REGISTRY
+
+        n0 = len(REGISTRY)
+        y = torch.zeros(1, device="cuda")
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2):
+            y.add_(1)
+        g2.replay()
+        torch.cuda.synchronize()
+        time.sleep(0.2)
+        R["micro"]["window"]["registry_new"] = len(REGISTRY) - n0
+        R["micro"]["window"]["last_graph"] = repr(REGISTRY.infos()[-1]) if len(REGISTRY) else None
+        print(f"  after: {R['micro']['window']}", flush=True)
         win.off()
         print("micro, after one traced window:", flush=True)
         R["micro"]["level_after"] = level(ops, 20)
