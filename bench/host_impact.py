@@ -312,13 +312,16 @@ def on_phase(run_once, seconds: float, src, follow_interval: bool,
     return phase(run_once, want)
 
 
+ATTACH_KW: dict = {}  # --attach-json: settings every attach of the rounds and of ingest_steady gets
+
+
 def attach_ready(**kw):
-    """graphmon.attach(port=0, **kw) and its source once started (CUPTI subscribed; 5 s at most),
-    so that attach's one-time start is kept apart from the steady state a phase measures."""
+    """graphmon.attach(port=0, **ATTACH_KW, **kw) and its source once started (CUPTI subscribed; 5 s
+    at most), so that attach's one-time start is kept apart from the steady state a phase measures."""
     import graphmon
     from graphmon.host.attach import attached
 
-    ex = graphmon.attach(port=0, **kw)
+    ex = graphmon.attach(port=0, **{**ATTACH_KW, **kw})
     src = attached().source if attached() is not None else None
     t_w = time.monotonic()
     while src is not None and src.health().state == "starting" and time.monotonic() - t_w < 5:
@@ -487,7 +490,7 @@ def sign_test_ci(x: np.ndarray) -> "list[float] | None":
 
 def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: float = 0.03,
            seed: int = 0, turn_on: "Callable[[float], object] | None" = None,
-           turn_off: "Callable[[], None] | None" = None) -> dict:
+           turn_off: "Callable[[], None] | None" = None, attach_kw: "dict | None" = None) -> dict:
     """The median overhead from short alternating blocks: the host loop runs without a break
     while a control thread attaches graphmon for an "on" block and detaches it for the "off"
     block beside it (off,on then on,off), each block ``block_s`` long once ``skip_s`` has passed
@@ -506,11 +509,13 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
     (decode_server) and ~150-450 s (HF).
 
     ``turn_on(first_window_s)`` / ``turn_off()`` replace graphmon's attach / detach (the
-    CUPTI states of bench/cupti_idle_cost.py); turn_on may return a source with ``stats``."""
+    CUPTI states of bench/cupti_idle_cost.py); turn_on may return a source with ``stats``.
+    ``attach_kw``: settings for the attach (the arms: idle_unsubscribe_s). Each block is also
+    split at its middle (``*_half1/2``): an attach's transient would sit in the first half."""
     import graphmon
 
     if turn_on is None:
-        turn_on = lambda first: attach_ready(first_window_s=first)[1]  # noqa: E731
+        turn_on = lambda first: attach_ready(first_window_s=first, **(attach_kw or {}))[1]  # noqa: E731
     if turn_off is None:
         turn_off = graphmon.detach
     rng = np.random.default_rng(seed)
@@ -536,6 +541,7 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
                     if arm == "on":
                         stats = getattr(src, "stats", None) or {}
                         b["windows"] = int(stats.get("windows", 0))
+                        b["subscribed_at_end"] = bool(getattr(src, "subscribed", False))  # the arm it measured
                         t_d = time.perf_counter()
                         turn_off()
                         b["detach_ms"] = (time.perf_counter() - t_d) * 1e3
@@ -570,9 +576,18 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
         if b["steps"] >= 5:
             x = steps[sel]
             b["median_ms"], b["p25_ms"] = float(np.median(x) * 1e3), float(np.percentile(x, 25) * 1e3)
+            mid = (b["t0"] + b["t1"]) / 2
+            for half, m in (("h1", sel & (ends <= mid)), ("h2", sel & (starts >= mid))):
+                b[f"median_ms_{half}"] = float(np.median(steps[m]) * 1e3) if m.sum() >= 3 else None
             by_pair.setdefault(b["pair"], {})[b["arm"]] = b
     pairs = [p for _, p in sorted(by_pair.items()) if len(p) == 2]
     med = np.array([100 * np.log(p["on"]["median_ms"] / p["off"]["median_ms"]) for p in pairs])
+    halves = {}
+    for half in ("h1", "h2"):
+        k = f"median_ms_{half}"
+        hx = np.array([100 * np.log(p["on"][k] / p["off"][k]) for p in pairs if p["on"][k] and p["off"][k]])
+        halves[half] = {"median_overhead_pct": float(np.median(hx)) if len(hx) else None, "ci95_pct": sign_test_ci(hx),
+                        "n_pairs": len(hx)}
     p25 = np.array([100 * np.log(p["on"]["p25_ms"] / p["off"]["p25_ms"]) for p in pairs])
     n = len(med)
     half = T95.get(n - 1, 1.96) * med.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
@@ -590,6 +605,10 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
         # pairs with a t interval (heavy tails: pairs that straddle a level switch)
         "p25_overhead_pct": float(np.median(p25)) if n else None, "p25_ci95_pct": sign_test_ci(p25),
         "mean_overhead_pct": float(med.mean()) if n else None,
+        # the same from each block's first and second half: a transient after attach shows in the first
+        "first_half": halves["h1"], "second_half": halves["h2"], "attach_kw": attach_kw or {},
+        "on_blocks_subscribed_at_end": int(sum(b.get("subscribed_at_end", False) for b in blocks)),
+        "on_blocks": int(sum(b["arm"] == "on" for b in blocks)),
         "mean_ci95_pct": [float(med.mean() - half), float(med.mean() + half)] if n > 1 else None,
         "attach_ms_median": float(np.median(att)) if att else None, "attach_ms_max": max(att, default=None),
         "detach_ms_median": float(np.median(det)) if det else None, "detach_ms_max": max(det, default=None),
@@ -655,6 +674,14 @@ def main() -> int:
                     help="per workload and mode, seconds of one attach with a window every 0.5 s: ingest on real "
                          "buffers in steady state (0: none)")
     ap.add_argument("--block-s", type=float, default=0.1, help="seconds per block of --paired-s")
+    ap.add_argument("--paired-arms", default="idle",
+                    help="comma list of what an 'on' block attaches, each measured for --paired-s: idle "
+                         "(idle_unsubscribe_s=0.001: graphmon between windows once no graph is being made, "
+                         "unsubscribed from CUPTI), subscribed (idle_unsubscribe_s=0: as in the first "
+                         "idle_unsubscribe_s after a graph is made), default (the attach settings as they are)")
+    ap.add_argument("--attach-json", default="{}",
+                    help="settings for every attach of the rounds and ingest (e.g. '{\"idle_unsubscribe_s\": 1}': "
+                         "each round's 'on' phase reaches steady state after its first second)")
     ap.add_argument("--skip-s", type=float, default=0.03,
                     help="seconds left out at the start of each paired block (the attach's or detach's transient)")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
@@ -667,10 +694,17 @@ def main() -> int:
                     help="agent: light collector + a `graphmon agent` process (production); inprocess: the whole "
                          "exporter in this process (graphmon.attach() without an agent)")
     a = ap.parse_args()
+    ATTACH_KW.update(json.loads(a.attach_json))
+    arms = {"idle": {"idle_unsubscribe_s": 0.001}, "subscribed": {"idle_unsubscribe_s": 0.0}, "default": {}}
+    paired_arms = [x for x in a.paired_arms.split(",") if x]
+    unknown = [x for x in paired_arms if x not in arms]
+    if unknown:
+        ap.error(f"--paired-arms: unknown {unknown} (known: {sorted(arms)})")
     seconds = a.seconds or (1.5 if a.quick else 2.5)
     R["settings"] = {"quick": a.quick, "rounds": a.rounds, "seconds_per_phase": seconds, "phases": a.phases,
                      "budget_s": a.budget_s, "max_phase_s": a.max_phase_s, "paired_s": a.paired_s,
-                     "block_s": a.block_s, "skip_s": a.skip_s, "ingest_s": a.ingest_s}
+                     "block_s": a.block_s, "skip_s": a.skip_s, "ingest_s": a.ingest_s, "paired_arms": paired_arms,
+                     "attach": dict(ATTACH_KW)}
     R["versions"] = versions()
     save(a.out)
     ticker = Ticker()
@@ -716,9 +750,15 @@ def main() -> int:
                     if a.ingest_s > 0:
                         res["ingest_steady"] = ingest_steady(run_once, a.ingest_s)
                     interval_s = res.get("interval_s_median") or 10.0
-                if a.paired_s > 0:
-                    res["paired"] = paired(run_once, a.paired_s, a.block_s, interval_s, skip_s=a.skip_s)
-                    STEPS[f"{name}@{mode}/paired_pct"] = res["paired"].pop("_pairs")
+                if a.paired_s > 0:  # each arm for paired_s, one after the other; the first is "paired"
+                    for i, arm in enumerate(paired_arms):
+                        p = paired(run_once, a.paired_s, a.block_s, interval_s, skip_s=a.skip_s,
+                                   attach_kw={**ATTACH_KW, **arms[arm]}, seed=i)
+                        p["arm"] = arm
+                        STEPS[f"{name}@{mode}/paired_{arm}_pct"] = p.pop("_pairs")
+                        res.setdefault("paired_arms", {})[arm] = p
+                        if i == 0:
+                            res["paired"] = p
                 STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
                               for k, v in ser.items()})
                 np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)
@@ -753,7 +793,10 @@ def main() -> int:
                     | {f"{m}_paired": v.get("paired", {}).get(m) for m in
                        ("median_overhead_pct", "ci95_low_pct", "ci95_high_pct", "p25_overhead_pct", "p25_ci95_pct",
                         "mean_overhead_pct", "mean_ci95_pct", "n_pairs", "windows", "attach_ms_median",
-                        "detach_ms_median")}
+                        "detach_ms_median", "arm", "first_half", "second_half")}
+                    | {f"paired_{arm}": {m: p.get(m) for m in ("median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
+                                                               "n_pairs", "first_half", "second_half")}
+                       for arm, p in v.get("paired_arms", {}).items()}
                     for k, v in w.items()}
     R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,
                     "ci95_high_pct": 0.5, "gil_hold_max_ms_per_window": 1.0, "ingest_records_per_s": 10e6}

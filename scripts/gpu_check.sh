@@ -30,15 +30,15 @@ has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
 cat "$OUT/gpu.txt"
 
 if has smoke; then
-  echo "== GPU tests (tests/gpu/test_live_cupti.py), once"
-  timeout 120 $PY -m pytest tests/gpu/test_live_cupti.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-smoke.txt"
+  echo "== GPU tests (tests/gpu/test_live_cupti.py, test_live_idle.py), once"
+  timeout 150 $PY -m pytest tests/gpu/test_live_cupti.py tests/gpu/test_live_idle.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-smoke.txt"
   tail -1 "$OUT/all/gpu-tests-smoke.txt" | tee -a "$OUT/gpu-tests-summary.txt"
 fi
 
 if has tests; then
   for i in 1 2 3; do
-    echo "== GPU tests (tests/gpu/test_live_cupti.py), run $i of 3"
-    timeout 120 $PY -m pytest tests/gpu/test_live_cupti.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-$i.txt"
+    echo "== GPU tests (tests/gpu/test_live_cupti.py, test_live_idle.py), run $i of 3"
+    timeout 150 $PY -m pytest tests/gpu/test_live_cupti.py tests/gpu/test_live_idle.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-$i.txt"
     tail -1 "$OUT/all/gpu-tests-$i.txt" | tee -a "$OUT/gpu-tests-summary.txt"
   done
 fi

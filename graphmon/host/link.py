@@ -321,7 +321,10 @@ class LightCollector:
         return {"state": h.state, "reason": h.reason, "errors": dict(h.errors), "windows": self.windows,
                 "empty_windows": self.empty_windows,
                 "sampling": {"next_interval_s": float(st.get("interval_s") or 0.0),
-                             "last_traced_ms": float(st.get("traced_ms") or 0.0)}}
+                             "last_traced_ms": float(st.get("traced_ms") or 0.0),
+                             # False between windows once idle (idle_unsubscribe_s): no CUPTI in the process
+                             "cupti_subscribed": bool(getattr(self.source, "subscribed", False)),
+                             "idle_unsubscribes": int(st.get("idle_unsubscribes") or 0)}}
 
     def _capture(self, req: CaptureRequest) -> None:
         try:

@@ -25,6 +25,8 @@ import sys
 import threading
 from typing import Callable, Optional
 
+from graphmon.sources.cupti import capture_hook
+
 TARGET = "torch.cuda.graphs"
 _fired = threading.Event()
 _lock = threading.Lock()
@@ -48,29 +50,17 @@ def _fire() -> None:
             print(f"graphmon: starting the collector failed: {e!r}", file=sys.stderr)
 
 
+def _fire_once() -> None:
+    # leave first: with no other listener, later captures are exactly torch's again
+    capture_hook.uninstall(_fire_once)
+    _fire()
+
+
 def patch_graph_class(cls) -> bool:
-    """Wrap ``cls.capture_begin`` so that the first capture fires the callback, then unwrap."""
-    if getattr(cls, "_graphmon_wrapped", False):
+    """Wrap ``cls.capture_begin`` (capture_hook) so that the first capture fires the callback."""
+    if _fired.is_set():
         return False
-    own = "capture_begin" in cls.__dict__
-    orig = cls.__dict__["capture_begin"] if own else cls.capture_begin
-
-    def capture_begin(self, *args, **kwargs):
-        _fire()
-        # restore: later captures (and the class's repr) are exactly torch's again
-        if own:
-            cls.capture_begin = orig
-        else:
-            try:
-                del cls.capture_begin
-            except AttributeError:
-                pass
-        cls._graphmon_wrapped = False
-        return orig(self, *args, **kwargs)
-
-    cls.capture_begin = capture_begin
-    cls._graphmon_wrapped = True
-    return True
+    return capture_hook.install(_fire_once, cls)
 
 
 class _Loader(importlib.abc.Loader):

@@ -41,17 +41,18 @@ TRIGGER = """
     import sys, time
     from graphmon.host import trigger
     from graphmon.host.attach import attach_from_env, attached
+    from graphmon.sources.cupti import capture_hook
     trigger.install(attach_from_env)
     import torch
     cls = torch.cuda.CUDAGraph
     print("patched", "capture_begin" in cls.__dict__ and cls.capture_begin.__qualname__.endswith("capture_begin")
-          and cls._graphmon_wrapped)
+          and hasattr(cls.__dict__["capture_begin"], "__graphmon_wrapped__") and capture_hook.installed())
     print("cupti_before", "cupti" in sys.modules, attached() is not None)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         pass
     print("cupti_after", "cupti" in sys.modules, attached() is not None)
-    print("restored", cls._graphmon_wrapped is False and cls.capture_begin.__module__ == "torch.cuda.graphs")
+    print("restored", not capture_hook.installed() and not hasattr(cls.__dict__.get("capture_begin"), "__graphmon_wrapped__"))
     t0 = time.monotonic()
     while time.monotonic() - t0 < 3 and attached().light.link.stats["windows_sent"] < 2:
         g.replay(); time.sleep(0.002)

@@ -14,7 +14,12 @@ assemble.py builds traces, observer.py measures the observer effect. What it doe
   preallocated slots (launches.py); buffers are queued by CUPTI's completion callback and decoded
   here, one buffer per GIL hold, under no lock a callback takes; a window closes by waiting for
   its launches' CUDA events, then flushing (see ``_flush`` for when it forces).
-- Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized.
+- Between windows, once no graph has been instantiated for ``idle_unsubscribe_s``, it
+  unsubscribes from CUPTI altogether until its next window: attached and idle it then leaves the
+  host's CUDA calls exactly as they are without graphmon (bench/cupti_idle_cost.py). A torch graph
+  capture subscribes it again first (capture_hook.py), so that graph's upload mode is still seen.
+- Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized
+  (cuptiFinalize faulted the GPU on the next replay of a graph traced before it, H200).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
 from graphmon.sources.cupti.assemble import raw_columns, window_records
+from graphmon.sources.cupti import capture_hook
 from graphmon.sources.cupti import native as _native
 from graphmon.sources.cupti.launches import LaunchGate, LaunchRing
 from graphmon.sources.cupti.libinfo import cupti_python_version
@@ -40,6 +46,9 @@ from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 log = logging.getLogger("graphmon.cupti")
 
 _BATCH_PIECE_S = 2e-4  # buffers gathered in one GIL hold until their CPU reaches this (then a yield)
+# After subscribing again for a window: CUPTI state changes made the next replays of a graph pay
+# one-time work on the H200 (bench/cupti_idle_cost.py --stages); the reference phase starts after
+_RESUME_SETTLE_S = 0.05
 
 
 class CuptiSource(Source):
@@ -65,6 +74,12 @@ class CuptiSource(Source):
         self._wake = threading.Event()
         self._captures: deque[CaptureRequest] = deque(maxlen=16)
         self._subscribed = False
+        # subscribe/unsubscribe: the collector, and a host thread beginning a graph capture
+        # (capture_hook); never taken by a CUPTI callback
+        self._sub_lock = threading.Lock()
+        self._idle = False  # unsubscribed between windows (idle_unsubscribe_s) until the next one
+        self._active_s = 0.0  # monotonic time of the last reason to stay subscribed: attach, an instantiation, a capture
+        self._hook = False  # capture_hook installed
         self._gate = LaunchGate(enabled=s.launch_gate)  # the launch callbacks, never off inside a launch
         self._collector_logged_s = -1e9
         self._timer: Optional[EventTimer] = None
@@ -97,7 +112,7 @@ class CuptiSource(Source):
             "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
             "decode_cpu_max_ms", "hold_cpu_max_ms", "buffers", "traced_ms", "interval_s", "last_window_ms", "last_flush_ms",
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
-            "launch_cb_reenabled", "repeated_correlation"), 0)
+            "launch_cb_reenabled", "repeated_correlation", "idle_unsubscribes", "resubscribes"), 0)
         self.last_window: Optional[Window] = None
         # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
         # records_sink, the records' columns are reused by the next window: copy what you keep
@@ -141,7 +156,7 @@ class CuptiSource(Source):
             if t.is_alive():
                 self.count_error("stop_timeout")
         self._thread = None
-        if self._subscribed:  # the thread did not get to it in time (if alive, it may still decode: no flush)
+        if self._subscribed or self._hook:  # the thread did not get to it in time (if alive, it may still decode: no flush)
             self._teardown(flush=t is None or not t.is_alive())
         self.set_state("stopped")
 
@@ -151,6 +166,11 @@ class CuptiSource(Source):
             raise RuntimeError("too many pending captures")
         self._captures.append(request)
         self._wake.set()
+
+    @property
+    def subscribed(self) -> bool:
+        """True while CUPTI calls graphmon back (False between windows once idle: idle_unsubscribe_s)."""
+        return self._subscribed
 
     @property
     def in_window(self) -> bool:
@@ -163,23 +183,35 @@ class CuptiSource(Source):
         next_window = time.monotonic() + s.first_window_s
         while not self._stop.is_set():
             try:
-                if not self._subscribed:
+                due = bool(self._captures) or time.monotonic() >= next_window
+                if not self._subscribed and (due or not self._idle):
+                    resuming = self._idle  # idle: subscribe again for the window that is due
                     if not self._setup():
                         self._stop.wait(s.blocked_retry_s)
                         continue
-                    next_window = max(next_window, time.monotonic() + s.first_window_s)
-                self._sync_launch_cb()
+                    if resuming:
+                        self.stats["resubscribes"] += 1
+                        self._stop.wait(_RESUME_SETTLE_S)
+                    else:
+                        next_window = max(next_window, time.monotonic() + s.first_window_s)
+                if self._subscribed:
+                    self._sync_launch_cb()
                 now = time.monotonic()
-                if self._captures or now >= next_window:
+                if self._subscribed and (self._captures or now >= next_window):
                     req = self._captures.popleft() if self._captures else None
                     self._window(req)
                     next_window = time.monotonic() + self.next_interval_s(self._traced_s)
                     continue
+                wake_at = next_window
+                if self._subscribed and s.idle_unsubscribe_s > 0:
+                    if self._go_idle(now):
+                        continue
+                    wake_at = min(wake_at, self._active_s + s.idle_unsubscribe_s)
                 # Between windows the thread sleeps until the next one, unless the launch
                 # callbacks are on (an exec not launched yet, registry): then it polls to switch
                 # them off soon. An instantiate callback that turns them on wakes it (_wake).
-                polling = self._gate.on or self.registry.pending_first_launch > 0
-                self._wake.wait(max(0.0, min(s.poll_s, next_window - now) if polling else next_window - now))
+                polling = self._subscribed and (self._gate.on or self.registry.pending_first_launch > 0)
+                self._wake.wait(max(0.0, min(s.poll_s, wake_at - now) if polling else wake_at - now))
                 self._wake.clear()
             except Exception:
                 self.count_error("collector")
@@ -225,12 +257,17 @@ class CuptiSource(Source):
                     log.info("graphmon: decoding CUPTI buffers with numpy (native decode %s)", _native.status())
                 self._names = shared_name_table(getattr(api, "names_key", None), api.kernel_name)
             self.registry.graph_exec_id = api.graph_exec_id
-            try:
-                api.subscribe(self)
-            except Exception as e:
-                self.set_state("blocked", f"cupti subscribe failed (another profiler?): {e}")
-                return False
-            self._subscribed = True
+            with self._sub_lock:
+                if not self._subscribed:  # (a capture may have subscribed it meanwhile)
+                    try:
+                        api.subscribe(self)
+                    except Exception as e:
+                        self.set_state("blocked", f"cupti subscribe failed (another profiler?): {e}")
+                        return False
+                    self._subscribed = True
+                if not self._idle:  # attach (or the end of a block) starts the quiet period; a window does not
+                    self._active_s = time.monotonic()
+                self._idle = False
             if not self._warmed:  # after subscribing: a graph instantiated meanwhile is seen
                 self._warmed = True
                 try:
@@ -248,8 +285,71 @@ class CuptiSource(Source):
             self.set_state("error", f"cupti unavailable: {e}")
             return False
 
+    def _go_idle(self, now: float) -> bool:
+        """Unsubscribe between windows once nothing needs CUPTI: no graph instantiated for
+        ``idle_unsubscribe_s``, no first launch pending, no capture queued. True if it did."""
+        s = self.settings
+        if (self._ring is not None or self._captures or self._gate.on or self.registry.pending_first_launch > 0
+                or now - self._active_s < s.idle_unsubscribe_s):
+            return False
+        if not self._hook:  # before unsubscribing: a capture from now on subscribes first
+            try:
+                self._hook = capture_hook.install(self._on_capture_begin)
+            except Exception:
+                self.count_error("capture_hook")
+        # every buffer back from CUPTI first, as detach does: while graphmon is unsubscribed
+        # another tool (torch.profiler) may register its own buffer callbacks, and CUPTI must
+        # not complete one of ours through them
+        try:
+            self.api.flush(forced=True)
+            self._ingest()
+        except Exception:
+            self.count_error("flush")
+        with self._sub_lock:
+            if not self._subscribed or time.monotonic() - self._active_s < s.idle_unsubscribe_s:
+                return False
+            try:
+                self.api.unsubscribe()
+            except Exception:
+                self.count_error("unsubscribe")
+                return False
+            self._subscribed = False
+            self._idle = True
+            self._gate.forget()
+        self.stats["idle_unsubscribes"] += 1
+        return True
+
+    def _on_capture_begin(self) -> None:
+        """A host thread begins a torch graph capture (capture_hook): subscribe now, so that the
+        graph's instantiation is seen (its upload mode), and stay subscribed for the quiet period."""
+        if self._stop.is_set() or self._thread is None:
+            return
+        self._active_s = time.monotonic()
+        if self._subscribed:
+            return
+        with self._sub_lock:
+            if self._subscribed or not self._idle:
+                return
+            try:
+                self.api.subscribe(self)
+            except Exception:
+                self.count_error("capture_subscribe")
+                return
+            self._subscribed = True
+            self._idle = False
+            self._active_s = time.monotonic()
+        self.stats["resubscribes"] += 1
+        self._wake.set()  # the collector's wait was for its next window: now also for the quiet period
+
     def _teardown(self, flush: bool = True) -> None:
+        if self._hook:
+            capture_hook.uninstall(self._on_capture_begin)
+            self._hook = False
+        with self._sub_lock:
+            was_idle, self._idle = self._idle, False  # a capture from now on finds nothing to subscribe
         if not self._subscribed:
+            if was_idle and self._timer is not None:
+                self._timer.release()
             return
         if self._in_window:
             self._disable_tracing()
@@ -604,6 +704,7 @@ class CuptiSource(Source):
             gid = -1
         us = self._stream_id(ctx, upload_stream) if upload_stream is not None else -1
         self.registry.on_instantiate(exec_handle, flags=flags, upload_stream=us, graph_id=gid)
+        self._active_s = time.monotonic()  # graphs are being made: stay subscribed (idle_unsubscribe_s)
         if not self._gate.on:
             try:  # catch this exec's first launch even if it comes before the collector wakes
                 self._set_launch_cb(True)

@@ -767,3 +767,126 @@ def test_a_later_attach_keeps_the_kernel_names_read_by_an_earlier_one():
             assert first_reads >= len(names) > 0
         else:
             assert len(reads) == first_reads and sorted(set(windows[0].trace.names)) == names  # nothing read again
+
+
+# ---------------------------------------------------------------------- idle: unsubscribed between windows
+def fake_torch(monkeypatch):
+    """A `torch` with torch.cuda.graphs.CUDAGraph whose capture instantiates on the fake GPU at
+    capture_end (as cudaStreamEndCapture + instantiate do), for capture_hook to wrap."""
+    import sys
+    import types
+
+    class CUDAGraph:
+        fake = None
+
+        def capture_begin(self, *a, **kw):
+            self.began = True
+
+        def capture_end(self):
+            self.exec_handle = self.fake.instantiate(decode_like(1))
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(graphs=types.SimpleNamespace(CUDAGraph=CUDAGraph), CUDAGraph=CUDAGraph)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return CUDAGraph
+
+
+def test_between_windows_it_unsubscribes_once_no_graph_was_made_for_a_while():
+    # Attached and subscribed, graphmon cost an HF decode on the H200 +0.46% between windows;
+    # unsubscribed the process's CUDA calls are as without it. Windows subscribe again.
+    fake, src, windows = make(interval_s=0.3, first_window_s=0.0, idle_unsubscribe_s=0.1)
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    h = fake.instantiate(decode_like(2, MAIN, SIDE))
+    with Workload(fake, [h]) as w:
+        assert wait_for(lambda: src.stats["idle_unsubscribes"] >= 1, 3)
+        assert fake.handler is None and not src.subscribed
+        assert src.health().state == "running" and src.health().up  # idle is not down
+        # no buffer of graphmon's left with CUPTI: another tool may register its callbacks meanwhile
+        assert fake.flushes[-1] is True and len(fake.free) == len(fake._buffers)
+        n = len(windows)
+        assert wait_for(lambda: len(windows) >= n + 2, 5)  # windows go on: subscribed again for each
+        assert wait_for(lambda: fake.handler is None, 2)  # and unsubscribed after it
+    src.stop()
+    assert not w.errors and not src.health().errors
+    assert src.stats["resubscribes"] >= 2 and src.stats["idle_unsubscribes"] >= 3
+    last = windows[-1].trace
+    assert len(last) == len(fake.execs[h]) * 6 and per_stream_gaps(last) == {MAIN: {400, 416}, SIDE: {600}}  # whole, exact windows
+    assert last.graphs[0].upload_mode == "lazy"  # seen at its instantiation, before the first idle
+
+
+def test_graphs_being_made_keep_it_subscribed():
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, idle_unsubscribe_s=0.25, first_launch_wait_s=0.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    t_end = time.monotonic() + 0.6
+    try:
+        while time.monotonic() < t_end:  # an instantiation every 0.1 s: never quiet for 0.25 s
+            fake.launch(fake.instantiate(decode_like(1)), MAIN)
+            t_last = time.monotonic()
+            assert fake.handler is not None
+            time.sleep(0.1)
+        assert wait_for(lambda: fake.handler is None, 2)
+        assert time.monotonic() - t_last >= 0.25  # the quiet period counts from the last instantiation
+    finally:
+        src.stop()
+
+
+def test_idle_unsubscribe_0_stays_subscribed():
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, idle_unsubscribe_s=0.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    time.sleep(0.3)
+    assert fake.handler is not None and src.stats["idle_unsubscribes"] == 0
+    src.stop()
+
+
+def test_a_torch_capture_subscribes_again_before_its_graph_is_instantiated(monkeypatch):
+    CUDAGraph = fake_torch(monkeypatch)
+    own = CUDAGraph.__dict__["capture_begin"]
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, idle_unsubscribe_s=0.05)
+    CUDAGraph.fake = fake
+    src.start(windows.append)
+    assert wait_for(lambda: src.stats["idle_unsubscribes"] >= 1, 3) and fake.handler is None
+    assert CUDAGraph.__dict__["capture_begin"] is not own  # wrapped while idle
+    g = CUDAGraph()
+    g.capture_begin()
+    assert g.began and fake.handler is not None  # subscribed on the capturing thread, before capture_end
+    g.capture_end()
+    info = src.registry.get(g.exec_handle)
+    assert info is not None and info.upload_mode == "unknown"  # known since created: its first launch decides
+    fake.launch(g.exec_handle, MAIN)
+    assert src.registry.get(g.exec_handle).upload_mode == "lazy"
+    assert wait_for(lambda: src.stats["idle_unsubscribes"] >= 2, 3) and fake.handler is None  # quiet again: idle
+    src.stop()
+    assert CUDAGraph.__dict__["capture_begin"] is own  # torch's method back
+    assert src.stats["resubscribes"] == 1 and not src.health().errors
+
+
+def test_a_window_due_while_another_profiler_holds_cupti_waits_blocked_then_resumes():
+    fake, src, windows = make(interval_s=0.3, first_window_s=0.0, idle_unsubscribe_s=0.05, blocked_retry_s=0.05)
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(1))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1 and src.stats["idle_unsubscribes"] >= 1 and fake.handler is None, 3)
+        fake.blocked_by_other = True  # torch.profiler took CUPTI while graphmon was idle
+        assert wait_for(lambda: src.health().state == "blocked", 3)
+        n = len(windows)
+        fake.blocked_by_other = False
+        assert wait_for(lambda: len(windows) > n, 3) and src.health().state in ("running",)
+    src.stop()
+
+
+def test_stop_while_idle_is_clean(monkeypatch):
+    CUDAGraph = fake_torch(monkeypatch)
+    own = CUDAGraph.__dict__["capture_begin"]
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, idle_unsubscribe_s=0.05)
+    src.start(windows.append)
+    assert wait_for(lambda: src.stats["idle_unsubscribes"] >= 1, 3) and fake.handler is None
+    src.stop()
+    assert src.health().state == "stopped" and not src.health().errors
+    assert CUDAGraph.__dict__["capture_begin"] is own
+    g = CUDAGraph()
+    g.capture_begin()  # after stop: nothing subscribes
+    assert fake.handler is None
+    fake.subscribe(object())  # CUPTI is free for another tool
