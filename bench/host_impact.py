@@ -675,7 +675,7 @@ def main() -> int:
                          "buffers in steady state (0: none)")
     ap.add_argument("--block-s", type=float, default=0.1, help="seconds per block of --paired-s")
     ap.add_argument("--paired-arms", default="idle",
-                    help="comma list of what an 'on' block attaches, each measured for --paired-s: idle "
+                    help="comma list of what an 'on' block attaches, each measured for --paired-s (or arm:seconds): idle "
                          "(idle_unsubscribe_s=0.001: graphmon between windows once no graph is being made, "
                          "unsubscribed from CUPTI), subscribed (idle_unsubscribe_s=0: as in the first "
                          "idle_unsubscribe_s after a graph is made), default (the attach settings as they are)")
@@ -696,7 +696,11 @@ def main() -> int:
     a = ap.parse_args()
     ATTACH_KW.update(json.loads(a.attach_json))
     arms = {"idle": {"idle_unsubscribe_s": 0.001}, "subscribed": {"idle_unsubscribe_s": 0.0}, "default": {}}
-    paired_arms = [x for x in a.paired_arms.split(",") if x]
+    arm_s = {}  # "arm:seconds" overrides --paired-s for that arm
+    for x in (y for y in a.paired_arms.split(",") if y):
+        arm, _, sec = x.partition(":")
+        arm_s[arm] = float(sec) if sec else a.paired_s
+    paired_arms = list(arm_s)
     unknown = [x for x in paired_arms if x not in arms]
     if unknown:
         ap.error(f"--paired-arms: unknown {unknown} (known: {sorted(arms)})")
@@ -752,7 +756,7 @@ def main() -> int:
                     interval_s = res.get("interval_s_median") or 10.0
                 if a.paired_s > 0:  # each arm for paired_s, one after the other; the first is "paired"
                     for i, arm in enumerate(paired_arms):
-                        p = paired(run_once, a.paired_s, a.block_s, interval_s, skip_s=a.skip_s,
+                        p = paired(run_once, arm_s[arm], a.block_s, interval_s, skip_s=a.skip_s,
                                    attach_kw={**ATTACH_KW, **arms[arm]}, seed=i)
                         p["arm"] = arm
                         STEPS[f"{name}@{mode}/paired_{arm}_pct"] = p.pop("_pairs")

@@ -39,6 +39,8 @@ def test_idle_between_windows_and_a_capture_while_idle():
         windows = []
         src.taps.append(windows.append)
         src.wait_started(10)
+        # (not 'blocked': run in a process where torch.profiler has not run, see scripts/gpu_check.sh)
+        assert src.health().state == "running", src.health()
         model = ds.DecodeModel(layers=4)
         (up,) = ds.build(model, [1], ["uploaded"])
         # windows go on while the collector unsubscribes after each one and subscribes for the next
