@@ -5,8 +5,8 @@
 # `graphmon run` over examples/decode_server.py scraped over HTTP; with "impact", what graphmon
 # costs a serving loop (bench/host_impact.py, agent mode, ~7 min) and the decode path on this
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
-# tarball). Sections: GPU_CHECK_SECTIONS=smoke,tests,e2e,live,decode,impact (default tests,e2e,live;
-# smoke: the live CUPTI tests once; decode: bench/decode_buffers.py; impact: bench/host_impact.py).
+# tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,decode,impact (default tests,e2e,live;
+# idle: test_live_idle.py alone; smoke: the live CUPTI tests once; decode: bench/decode_buffers.py; impact: bench/host_impact.py).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -28,6 +28,12 @@ has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
   $PY -c "import cupti, importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"
   $PY -c "from graphmon.sources.cupti import native; print('decode:', native.status())"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+
+if has idle; then
+  echo "== GPU test tests/gpu/test_live_idle.py alone"
+  timeout 90 $PY -m pytest tests/gpu/test_live_idle.py -q -p no:cacheprovider -rA 2>&1 | tail -25 > "$OUT/all/gpu-tests-idle.txt"
+  tail -1 "$OUT/all/gpu-tests-idle.txt" | tee -a "$OUT/gpu-tests-summary.txt"
+fi
 
 if has smoke; then
   echo "== GPU tests (tests/gpu/test_live_cupti.py, test_live_idle.py), once"
