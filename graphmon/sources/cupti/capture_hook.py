@@ -1,9 +1,9 @@
 """Call graphmon back on the capturing thread before every torch CUDA graph capture begins.
 
 Two listeners use it. host/trigger.py: a process subscribes to CUPTI at its first capture (then
-its listener leaves). CuptiSource: between windows a CuptiSource can be unsubscribed from CUPTI (``idle_unsubscribe_s``), so that
-the serving process runs with no CUPTI callback at all. A graph instantiated meanwhile would go
-unseen (upload mode 'unknown'). Every torch capture (torch.cuda.graph, which vLLM, SGLang and
+its listener leaves). CuptiSource with ``idle_unsubscribe_s`` set: unsubscribed from CUPTI
+between windows, it would not see a graph instantiated meanwhile (upload mode 'unknown'), so a
+capture subscribes it again first. Every torch capture (torch.cuda.graph, which vLLM, SGLang and
 torch.compile's CUDA graph trees use) begins in ``torch.cuda.graphs.CUDAGraph.capture_begin``;
 wrapping it lets the source subscribe again before the capture's instantiation. Why by hand:
 torch has no hook for graph capture, and this is one method on one class.
