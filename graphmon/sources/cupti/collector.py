@@ -19,7 +19,7 @@ assemble.py builds traces, observer.py measures the observer effect. What it doe
   meanwhile. A torch graph capture subscribes it again first (capture_hook.py), so that graph's
   upload mode is still seen. Not the default: staying subscribed cost no measurable time on the
   H200 (a few ns per driver call, bench/cupti_idle_cost.py), while the unsubscribe after a
-  window stalled an HF decode step by up to 7 ms (cupti-python holds the GIL through it).
+  window stalled an HF decode step by 7.4 ms.
 - Callbacks never raise into the host (errors counted by stage); CUPTI is never finalized
   (cuptiFinalize faulted the GPU on the next replay of a graph traced before it, H200).
 """
