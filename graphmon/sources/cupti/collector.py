@@ -208,7 +208,9 @@ class CuptiSource(Source):
                 if self._subscribed and s.idle_unsubscribe_s > 0:
                     if self._go_idle(now):
                         continue
-                    wake_at = min(wake_at, self._active_s + s.idle_unsubscribe_s)
+                    idle_at = self._active_s + s.idle_unsubscribe_s
+                    if idle_at > now:  # (past it, something keeps it subscribed: polled below, or the next window)
+                        wake_at = min(wake_at, idle_at)
                 # Between windows the thread sleeps until the next one, unless the launch
                 # callbacks are on (an exec not launched yet, registry): then it polls to switch
                 # them off soon. An instantiate callback that turns them on wakes it (_wake).

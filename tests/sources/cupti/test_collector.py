@@ -890,3 +890,25 @@ def test_stop_while_idle_is_clean(monkeypatch):
     g.capture_begin()  # after stop: nothing subscribes
     assert fake.handler is None
     fake.subscribe(object())  # CUPTI is free for another tool
+
+
+def test_a_first_launch_pending_past_the_quiet_period_is_polled_not_spun():
+    # The quiet period is over but a graph's first launch is pending (it decides the upload
+    # mode): the collector stays subscribed and polls every poll_s; it must not spin on a past
+    # deadline (each wake takes the host's GIL).
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, idle_unsubscribe_s=0.05, first_launch_wait_s=5.0,
+                              poll_s=0.05)
+    wakes = []
+    sync = src._sync_launch_cb
+    src._sync_launch_cb = lambda: wakes.append(time.monotonic()) or sync()
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    h = fake.instantiate(decode_like(1))  # not launched yet
+    time.sleep(0.4)
+    n = len(wakes)
+    time.sleep(0.5)
+    assert len(wakes) - n <= 15 and fake.handler is not None  # ~10 polls in 0.5 s, still subscribed
+    fake.launch(h, MAIN)
+    assert wait_for(lambda: fake.handler is None, 3)  # launched: nothing pending, quiet long past: idle
+    src.stop()
+    assert src.registry.get(h).upload_mode == "lazy"
