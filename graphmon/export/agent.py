@@ -296,11 +296,18 @@ class Agent:
 
 
 def _sampling(v: Any) -> dict:
-    """A process's sampling status as it reported it (numbers only: the agent never trusts a sender)."""
+    """A process's sampling status as it reported it (known keys of known types only: the agent
+    never trusts a sender)."""
     if not isinstance(v, dict):
         return {}
-    return {k: float(x) for k, x in v.items() if k in ("next_interval_s", "last_traced_ms")
-            and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
+    out: dict = {k: float(x) for k, x in v.items() if k in ("next_interval_s", "last_traced_ms")
+                 and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
+    if isinstance(v.get("cupti_subscribed"), bool):  # False between windows with idle_unsubscribe_s
+        out["cupti_subscribed"] = v["cupti_subscribed"]
+    n = v.get("idle_unsubscribes")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        out["idle_unsubscribes"] = n
+    return out
 
 
 def _float(v, default: float) -> float:

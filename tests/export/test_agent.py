@@ -179,3 +179,15 @@ def test_record_through_the_agent_writes_one_file_per_rank(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_a_process_sampling_status_keeps_known_keys_of_known_types():
+    from graphmon.export.agent import _sampling
+
+    got = _sampling({"next_interval_s": 12, "last_traced_ms": 8.5, "cupti_subscribed": False, "idle_unsubscribes": 3,
+                     "evil": "x" * 10_000, "next_interval_s_extra": 1.0})
+    assert got == {"next_interval_s": 12.0, "last_traced_ms": 8.5, "cupti_subscribed": False, "idle_unsubscribes": 3}
+    bad = _sampling({"next_interval_s": float("nan"), "last_traced_ms": True, "cupti_subscribed": "yes",
+                     "idle_unsubscribes": -1})
+    assert bad == {}
+    assert _sampling(["not", "a", "dict"]) == {}

@@ -92,6 +92,7 @@ def test_only_graph_processes_attach_with_ranks_and_devices(tmp_path, shape, n):
             assert p["last_window_age_s"] < 5
             # the tracing budget's choice, as the process reported it (max_traced_share 1 here: interval_s)
             assert p["sampling"]["next_interval_s"] >= INTERVAL_S and p["sampling"]["last_traced_ms"] > 0
+            assert p["sampling"]["cupti_subscribed"] is True and p["sampling"]["idle_unsubscribes"] == 0  # the default
         text = r.metrics()
         for i in range(n):
             assert f'graphmon_up{{rank="{i}"}} 1.0' in text
