@@ -490,7 +490,8 @@ def sign_test_ci(x: np.ndarray) -> "list[float] | None":
 
 def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: float = 0.03,
            seed: int = 0, turn_on: "Callable[[float], object] | None" = None,
-           turn_off: "Callable[[], None] | None" = None, attach_kw: "dict | None" = None) -> dict:
+           turn_off: "Callable[[], None] | None" = None, attach_kw: "dict | None" = None,
+           arms: "dict[str, dict] | None" = None) -> dict:
     """The median overhead from short alternating blocks: the host loop runs without a break
     while a control thread attaches graphmon for an "on" block and detaches it for the "off"
     block beside it (off,on then on,off), each block ``block_s`` long once ``skip_s`` has passed
@@ -510,12 +511,21 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
 
     ``turn_on(first_window_s)`` / ``turn_off()`` replace graphmon's attach / detach (the
     CUPTI states of bench/cupti_idle_cost.py); turn_on may return a source with ``stats``.
-    ``attach_kw``: settings for the attach (the arms: idle_unsubscribe_s). Each block is also
-    split at its middle (``*_half1/2``): an attach's transient would sit in the first half."""
+    ``attach_kw``: settings for the attach. ``arms`` ({name: attach settings}): several kinds of
+    "on" side by side in the same run, pairs (0, 1) on the first, (2, 3) on the next and so on
+    (each arm gets both orders); the result holds the first arm's figures and ``arms`` (each
+    arm's). Each block is also split at its middle (``first_half``/``second_half``): an
+    attach's transient would sit in the first half."""
     import graphmon
 
+    arms = arms or {"on": dict(attach_kw or {})}
+    names = list(arms)
+    arm_of = lambda i: names[(i // 2) % len(names)]  # noqa: E731
     if turn_on is None:
-        turn_on = lambda first: attach_ready(first_window_s=first, **(attach_kw or {}))[1]  # noqa: E731
+        turn_on = lambda first, kw: attach_ready(first_window_s=first, **kw)[1]  # noqa: E731
+    else:
+        custom_on = turn_on
+        turn_on = lambda first, kw: custom_on(first)  # noqa: E731
     if turn_off is None:
         turn_off = graphmon.detach
     rng = np.random.default_rng(seed)
@@ -528,12 +538,12 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
         try:
             while not stop.is_set():
                 for arm in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                    b = {"pair": i, "arm": arm, "windows": 0}
+                    b = {"pair": i, "arm": arm, "windows": 0, "kind": arm_of(i)}
                     if arm == "on":
                         window = bool(rng.random() < block_s / max(interval_s, block_s))
                         first = skip_s + float(rng.uniform(0.0, block_s)) if window else 1e6
                         t_a = time.perf_counter()
-                        src = turn_on(first)
+                        src = turn_on(first, arms[arm_of(i)])
                         b["attach_ms"] = (time.perf_counter() - t_a) * 1e3
                     b["t0"] = time.perf_counter() + skip_s
                     time.sleep(skip_s + block_s)
@@ -581,6 +591,20 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
                 b[f"median_ms_{half}"] = float(np.median(steps[m]) * 1e3) if m.sum() >= 3 else None
             by_pair.setdefault(b["pair"], {})[b["arm"]] = b
     pairs = [p for _, p in sorted(by_pair.items()) if len(p) == 2]
+    common = {"block_s": block_s, "skip_s": skip_s, "interval_s": interval_s, "errors": errors,
+              "steps_per_block_median": float(np.median([b["steps"] for b in blocks])) if blocks else None}
+    per_arm = {name: {**common, "arm": name, "attach_kw": arms[name],
+                      **_paired_summary([p for p in pairs if p["on"]["kind"] == name],
+                                        [b for b in blocks if b["kind"] == name])} for name in names}
+    first = dict(per_arm[names[0]])
+    if len(names) > 1:
+        first["arms"] = {k: {m: v for m, v in r.items() if m != "_pairs"} for k, r in per_arm.items()}
+        first["_arm_pairs"] = {k: r["_pairs"] for k, r in per_arm.items()}
+    return first
+
+
+def _paired_summary(pairs: list, blocks: list) -> dict:
+    """One arm's figures from its (on, off) block pairs (see paired)."""
     med = np.array([100 * np.log(p["on"]["median_ms"] / p["off"]["median_ms"]) for p in pairs])
     halves = {}
     for half in ("h1", "h2"):
@@ -595,9 +619,7 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
     att = [b["attach_ms"] for b in blocks if "attach_ms" in b]
     det = [b["detach_ms"] for b in blocks if "detach_ms" in b]
     return {
-        "block_s": block_s, "skip_s": skip_s, "interval_s": interval_s, "n_pairs": n,
-        "windows": int(sum(b["windows"] for b in blocks)), "errors": errors,
-        "steps_per_block_median": float(np.median([b["steps"] for b in blocks])) if blocks else None,
+        "n_pairs": n, "windows": int(sum(b["windows"] for b in blocks)),
         # the headline: median over pairs of 100*log(median on / median off), sign-test 95% interval
         "median_overhead_pct": float(np.median(med)) if n else None,
         "ci95_low_pct": ci[0] if ci else None, "ci95_high_pct": ci[1] if ci else None,
@@ -605,11 +627,11 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
         # pairs with a t interval (heavy tails: pairs that straddle a level switch)
         "p25_overhead_pct": float(np.median(p25)) if n else None, "p25_ci95_pct": sign_test_ci(p25),
         "mean_overhead_pct": float(med.mean()) if n else None,
+        "mean_ci95_pct": [float(med.mean() - half), float(med.mean() + half)] if n > 1 else None,
         # the same from each block's first and second half: a transient after attach shows in the first
-        "first_half": halves["h1"], "second_half": halves["h2"], "attach_kw": attach_kw or {},
+        "first_half": halves["h1"], "second_half": halves["h2"],
         "on_blocks_subscribed_at_end": int(sum(b.get("subscribed_at_end", False) for b in blocks)),
         "on_blocks": int(sum(b["arm"] == "on" for b in blocks)),
-        "mean_ci95_pct": [float(med.mean() - half), float(med.mean() + half)] if n > 1 else None,
         "attach_ms_median": float(np.median(att)) if att else None, "attach_ms_max": max(att, default=None),
         "detach_ms_median": float(np.median(det)) if det else None, "detach_ms_max": max(det, default=None),
         "_pairs": med,  # per pair (host-impact-steps.npz)
@@ -675,7 +697,7 @@ def main() -> int:
                          "buffers in steady state (0: none)")
     ap.add_argument("--block-s", type=float, default=0.1, help="seconds per block of --paired-s")
     ap.add_argument("--paired-arms", default="idle",
-                    help="comma list of what an 'on' block attaches, each measured for --paired-s (or arm:seconds): idle "
+                    help="comma list of what an 'on' block attaches, interleaved pair by pair (--paired-s each): idle "
                          "(idle_unsubscribe_s=0.001: graphmon between windows once no graph is being made, "
                          "unsubscribed from CUPTI), subscribed (idle_unsubscribe_s=0: as in the first "
                          "idle_unsubscribe_s after a graph is made), default (the attach settings as they are)")
@@ -696,11 +718,7 @@ def main() -> int:
     a = ap.parse_args()
     ATTACH_KW.update(json.loads(a.attach_json))
     arms = {"idle": {"idle_unsubscribe_s": 0.001}, "subscribed": {"idle_unsubscribe_s": 0.0}, "default": {}}
-    arm_s = {}  # "arm:seconds" overrides --paired-s for that arm
-    for x in (y for y in a.paired_arms.split(",") if y):
-        arm, _, sec = x.partition(":")
-        arm_s[arm] = float(sec) if sec else a.paired_s
-    paired_arms = list(arm_s)
+    paired_arms = [x for x in a.paired_arms.split(",") if x]
     unknown = [x for x in paired_arms if x not in arms]
     if unknown:
         ap.error(f"--paired-arms: unknown {unknown} (known: {sorted(arms)})")
@@ -754,15 +772,15 @@ def main() -> int:
                     if a.ingest_s > 0:
                         res["ingest_steady"] = ingest_steady(run_once, a.ingest_s)
                     interval_s = res.get("interval_s_median") or 10.0
-                if a.paired_s > 0:  # each arm for paired_s, one after the other; the first is "paired"
-                    for i, arm in enumerate(paired_arms):
-                        p = paired(run_once, arm_s[arm], a.block_s, interval_s, skip_s=a.skip_s,
-                                   attach_kw={**ATTACH_KW, **arms[arm]}, seed=i)
-                        p["arm"] = arm
-                        STEPS[f"{name}@{mode}/paired_{arm}_pct"] = p.pop("_pairs")
-                        res.setdefault("paired_arms", {})[arm] = p
-                        if i == 0:
-                            res["paired"] = p
+                if a.paired_s > 0:  # the arms side by side, interleaved pair by pair; the first is "paired"
+                    p = paired(run_once, a.paired_s * len(paired_arms), a.block_s, interval_s, skip_s=a.skip_s,
+                               arms={arm: {**ATTACH_KW, **arms[arm]} for arm in paired_arms})
+                    by_arm = p.pop("_arm_pairs", {paired_arms[0]: p.get("_pairs")})
+                    p.pop("_pairs", None)
+                    for arm in paired_arms:
+                        STEPS[f"{name}@{mode}/paired_{arm}_pct"] = by_arm[arm]
+                    res["paired"] = p
+                    res["paired_arms"] = p.pop("arms", {paired_arms[0]: p})
                 STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
                               for k, v in ser.items()})
                 np.savez_compressed(os.path.join(a.out, "host-impact-steps.npz"), **STEPS)

@@ -59,3 +59,42 @@ def test_paired_blocks_recover_a_known_slowdown(monkeypatch, slower):
     want = 100 * np.log(1 + slower)
     assert abs(r["median_overhead_pct"] - want) < 1.5, r  # a busy CI core adds noise, not bias
     assert r["ci95_low_pct"] <= r["median_overhead_pct"] <= r["ci95_high_pct"]
+
+
+def test_arms_side_by_side_each_recover_their_own_slowdown(monkeypatch):
+    # Two kinds of "on" interleaved pair by pair in one run (the machine's state drifts: arms run
+    # one after the other compared different minutes): each arm's figure is its own.
+    slower = {"fast": 0.0, "slow": 0.08}
+    state = {"on": None}
+
+    class Src:
+        stats = {"windows": 0}
+
+    def attach_ready(**kw):
+        state["on"] = kw["which"]
+        return None, Src()
+
+    import graphmon
+
+    monkeypatch.setattr(H, "attach_ready", attach_ready)
+    monkeypatch.setattr(graphmon, "detach", lambda: state.update(on=None))
+    base = 0.0004
+
+    def run_once():
+        t = [time.perf_counter()]
+        for _ in range(20):
+            k = state["on"]
+            end = time.perf_counter() + base * (1 + (slower[k] if k else 0.0))
+            while time.perf_counter() < end:
+                pass
+            t.append(time.perf_counter())
+        return np.asarray(t)
+
+    r = H.paired(run_once, 6.0, 0.05, 1e9, skip_s=0.01, arms={"fast": {"which": "fast"}, "slow": {"which": "slow"}})
+    arms = r["arms"]
+    assert set(arms) == {"fast", "slow"} and r["arm"] == "fast" and not r["errors"]
+    assert abs(arms["fast"]["n_pairs"] - arms["slow"]["n_pairs"]) <= 2 and arms["fast"]["n_pairs"] >= 10
+    for k, want in slower.items():
+        assert abs(arms[k]["median_overhead_pct"] - 100 * np.log(1 + want)) < 2.0, (k, arms[k])
+        assert len(r["_arm_pairs"][k]) == arms[k]["n_pairs"]
+    assert arms["fast"]["attach_kw"] == {"which": "fast"}
