@@ -35,7 +35,9 @@ CuptiSource.phase_log) in wall and CPU ms, with the host steps that were long (>
 placed in them and whether a garbage collection overlapped them, so a long step shows which
 phase it came from. With ``--paired-s``, the median overhead from 0.1 s alternating blocks
 (``paired``: attached-and-idle against detached, the host loop never pausing; the median over
-pairs with its sign-test interval), the number the issue's median target is read from; with
+pairs with its sign-test interval), the number the issue's median target is read from;
+``--paired-arms idle,subscribed`` measures graphmon unsubscribed between windows and subscribed
+side by side, pair by pair in the same run; ``--attach-json`` sets every attach's settings; with
 ``--ingest-s``, ingest on real buffers in steady state (``ingest_steady``). Writes
 DIR/host-impact.json after each section: one failing section never loses the others.
 """
