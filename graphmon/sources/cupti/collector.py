@@ -301,14 +301,7 @@ class CuptiSource(Source):
                 self._hook = capture_hook.install(self._on_capture_begin)
             except Exception:
                 self.count_error("capture_hook")
-        # every buffer back from CUPTI first, as detach does: while graphmon is unsubscribed
-        # another tool (torch.profiler) may register its own buffer callbacks, and CUPTI must
-        # not complete one of ours through them
-        try:
-            self.api.flush(forced=True)
-            self._ingest()
-        except Exception:
-            self.count_error("flush")
+        self._return_buffers("flush")
         with self._sub_lock:
             if not self._subscribed or time.monotonic() - self._active_s < s.idle_unsubscribe_s:
                 return False
@@ -322,6 +315,16 @@ class CuptiSource(Source):
             self._gate.forget()
         self.stats["idle_unsubscribes"] += 1
         return True
+
+    def _return_buffers(self, stage: str) -> None:
+        """Every buffer CUPTI holds back to the pool (a forced flush, then decoded), before
+        graphmon lets go of CUPTI: another tool (torch.profiler/Kineto) may then register its own
+        buffer callbacks, and CUPTI must never complete one of ours through them."""
+        for step in (lambda: self.api.flush(forced=True), self._ingest):
+            try:
+                step()
+            except Exception:
+                self.count_error(stage)
 
     def _on_capture_begin(self) -> None:
         """A host thread begins a torch graph capture (capture_hook): subscribe now, so that the
@@ -358,13 +361,12 @@ class CuptiSource(Source):
         if self._in_window:
             self._disable_tracing()
         self._ring = None
-        # every buffer CUPTI holds back to the pool first (none of ours left for Kineto to complete),
-        # then unsubscribe: lets torch.profiler (Kineto) subscribe afterwards
-        for step in ((lambda: self.api.flush(forced=True), self._ingest) if flush else ()) + (self.api.unsubscribe,):
-            try:
-                step()
-            except Exception:
-                self.count_error("unsubscribe")
+        if flush:
+            self._return_buffers("unsubscribe")
+        try:  # lets torch.profiler (Kineto) subscribe afterwards
+            self.api.unsubscribe()
+        except Exception:
+            self.count_error("unsubscribe")
         self._subscribed = False
         self._gate.forget()
         if self._timer is not None:
