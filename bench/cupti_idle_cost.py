@@ -360,7 +360,9 @@ def main() -> int:
     ap.add_argument("--hf-states", default="driver,resource,graphmon")
     ap.add_argument("--hf-bs", type=int, default=1)
     ap.add_argument("--stages", action="store_true",
-                    help="first: the cost by CUPTI state before and after kernel tracing and cuptiFinalize")
+                    help="first: the cost by CUPTI state before and after kernel tracing and cuptiFinalize. "
+                         "Its last comparisons trace and finalize in cycles, which faulted the H200 (Xid 31, "
+                         "'unspecified launch failure': bench/results/gpu-check-8); run it in a process of its own")
     ap.add_argument("--no-micro", action="store_true", help="skip the per-state micro comparisons")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
