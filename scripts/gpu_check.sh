@@ -5,8 +5,9 @@
 # `graphmon run` over examples/decode_server.py scraped over HTTP; with "impact", what graphmon
 # costs a serving loop (bench/host_impact.py, agent mode, ~7 min) and the decode path on this
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
-# tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,decode,impact (default tests,e2e,live;
-# idle: test_live_idle.py alone; smoke: the live CUPTI tests once; decode: bench/decode_buffers.py; impact: bench/host_impact.py).
+# tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,trace,decode,impact (default tests,e2e,live;
+# idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/trace_cost.py;
+# decode: bench/decode_buffers.py; impact: bench/host_impact.py).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -85,6 +86,13 @@ open(f"{out}/live-summary.txt", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
   wait $RUN; echo "graphmon run exit code: $?" | tee -a "$OUT/live-summary.txt"
+fi
+if has trace; then
+  echo "== what kernel tracing costs a replay on the GPU (bench/trace_cost.py; CUPTI buffers on the device, then pinned)"
+  timeout 150 $PY bench/trace_cost.py --out "$OUT/all/trace" > "$OUT/all/trace-cost.log" 2>&1; echo "exit $?"
+  timeout 150 $PY bench/trace_cost.py --out "$OUT/all/trace" --pinned > "$OUT/all/trace-cost-pinned.log" 2>&1; echo "exit $?"
+  cp "$OUT"/all/trace/trace-cost*.json "$OUT/" 2>/dev/null
+  grep -h "kernels;" "$OUT"/all/trace-cost*.log | tee "$OUT/trace-cost-summary.txt"
 fi
 if has decode; then
   echo "== decode path on this CPU, native and numpy side by side (bench/decode_buffers.py)"
