@@ -419,6 +419,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         "steps_tracing_share": sum(p["steps_tracing"] for p in per_round) / max(1, sum(p["steps_on"] for p in per_round)),
         "max_step_increase_ms": max(p["max_on_ms"] - p["max_off_ms"] for p in per_round),
         "p999_step_ratio": float(np.percentile(on_c, 99.9) / np.percentile(off_c, 99.9)),
+        # the same two figures for one "off" phase against another (A/A: graphmon in neither), the
+        # largest over every ordered pair of off phases: what the machine alone gives these statistics
+        **phases_null([x * 1e3 for x in off_all]),
         "median_overhead_pct": float(ov.mean()), "ci95_low_pct": float(ov.mean() - half),
         "ci95_high_pct": float(ov.mean() + half),
         "gil_hold_max_ms_per_window": max((w["gil_hold_max_ms"] for w in windows), default=None),
@@ -446,6 +449,16 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         "traced_ms_median": float(np.median([t for p in per_round for t in p["traced_ms"] if t is not None]))
         if any(t is not None for p in per_round for t in p["traced_ms"]) else None,
     }
+
+
+def phases_null(off_ms: list) -> dict:
+    """For whole-phase statistics, "off" against "off": the largest difference of longest steps
+    and the largest p99.9 ratio over ordered pairs of off phases (ms arrays; 2 phases at least)."""
+    pairs = [(a, b) for i, a in enumerate(off_ms) for j, b in enumerate(off_ms) if i != j and len(a) and len(b)]
+    if not pairs:
+        return {"aa_max_step_diff_ms": None, "aa_p999_step_ratio_max": None}
+    return {"aa_max_step_diff_ms": float(max(a.max() - b.max() for a, b in pairs)),
+            "aa_p999_step_ratio_max": float(max(np.percentile(a, 99.9) / np.percentile(b, 99.9) for a, b in pairs))}
 
 
 def ingest_steady(run_once, seconds: float) -> dict:
@@ -587,6 +600,7 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
         b["steps"] = int(sel.sum())
         if b["steps"] >= 5:
             x = steps[sel]
+            b["_x_ms"] = x * 1e3  # the block's steps: the pooled tail (tail_compare)
             b["median_ms"], b["p25_ms"] = float(np.median(x) * 1e3), float(np.percentile(x, 25) * 1e3)
             mid = (b["t0"] + b["t1"]) / 2
             for half, m in (("h1", sel & (ends <= mid)), ("h2", sel & (starts >= mid))):
@@ -598,11 +612,51 @@ def paired(run_once, total_s: float, block_s: float, interval_s: float, skip_s: 
     per_arm = {name: {**common, "arm": name, "attach_kw": arms[name],
                       **_paired_summary([p for p in pairs if p["on"]["kind"] == name],
                                         [b for b in blocks if b["kind"] == name])} for name in names}
+    # each arm's pooled block steps (ms, float32: host-impact-steps.npz)
+    steps_of = {name: {side: np.concatenate([p[side]["_x_ms"] for p in pairs if p["on"]["kind"] == name]
+                                            or [np.zeros(0)]).astype(np.float32) for side in ("on", "off")}
+                for name in names}
     first = dict(per_arm[names[0]])
+    first["_arm_steps"] = steps_of
     if len(names) > 1:
         first["arms"] = {k: {m: v for m, v in r.items() if m != "_pairs"} for k, r in per_arm.items()}
         first["_arm_pairs"] = {k: r["_pairs"] for k, r in per_arm.items()}
     return first
+
+
+def tail_compare(on: list, off: list, boot: int = 400, seed: int = 0) -> dict:
+    """The tail of "on" steps against "off" steps, pooled over interleaved block pairs (lists of
+    per-block step arrays, ms; on[i] and off[i] are one pair).
+
+    Why pooled blocks, not whole phases: the machine has bursts of slow steps (0.1 s to seconds,
+    in "off" phases too), so the longest step or p99.9 of one 12 s phase against another mostly
+    says which phase caught a burst; 0.1 s blocks side by side share the bursts. Gives the p99.9
+    ratio with a 95% bootstrap interval over pairs, the longest step on minus off, the long steps
+    (longer than the off median + 1 ms) per 1000 on and off, and the same figures for "off"
+    against "off" (odd pairs' off blocks against even pairs'): what the estimator shows when
+    nothing differs."""
+    if len(on) != len(off) or len(on) < 4:
+        raise ValueError("tail_compare: as many on as off blocks, 4 pairs at least")
+    on_c, off_c = np.concatenate(on), np.concatenate(off)
+    thr = float(np.median(off_c)) + 1.0
+    rng = np.random.default_rng(seed)
+    n = len(on)
+    ratios = []
+    for _ in range(boot):
+        idx = rng.integers(0, n, n)
+        ratios.append(np.percentile(np.concatenate([on[i] for i in idx]), 99.9)
+                      / np.percentile(np.concatenate([off[i] for i in idx]), 99.9))
+    odd, even = np.concatenate(off[1::2]), np.concatenate(off[0::2])
+    return {
+        "steps_on": int(on_c.size), "steps_off": int(off_c.size), "long_step_threshold_ms": thr,
+        "p999_step_ratio": float(np.percentile(on_c, 99.9) / np.percentile(off_c, 99.9)),
+        "p999_ci95": [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))],
+        "max_step_increase_ms": float(on_c.max() - off_c.max()),
+        "long_steps_per_1000_on": float(1000 * (on_c > thr).mean()),
+        "long_steps_per_1000_off": float(1000 * (off_c > thr).mean()),
+        "aa_p999_step_ratio": float(np.percentile(odd, 99.9) / np.percentile(even, 99.9)),
+        "aa_max_step_diff_ms": float(odd.max() - even.max()),
+    }
 
 
 def _paired_summary(pairs: list, blocks: list) -> dict:
@@ -620,6 +674,7 @@ def _paired_summary(pairs: list, blocks: list) -> dict:
     ci = sign_test_ci(med)
     att = [b["attach_ms"] for b in blocks if "attach_ms" in b]
     det = [b["detach_ms"] for b in blocks if "detach_ms" in b]
+    tail = tail_compare([p["on"]["_x_ms"] for p in pairs], [p["off"]["_x_ms"] for p in pairs]) if n >= 4 else {}
     return {
         "n_pairs": n, "windows": int(sum(b["windows"] for b in blocks)),
         # the headline: median over pairs of 100*log(median on / median off), sign-test 95% interval
@@ -632,6 +687,8 @@ def _paired_summary(pairs: list, blocks: list) -> dict:
         "mean_ci95_pct": [float(med.mean() - half), float(med.mean() + half)] if n > 1 else None,
         # the same from each block's first and second half: a transient after attach shows in the first
         "first_half": halves["h1"], "second_half": halves["h2"],
+        # the tail, from the steps of every on block against those of every off block beside it
+        "tail": tail,
         "on_blocks_subscribed_at_end": int(sum(b.get("subscribed_at_end", False) for b in blocks)),
         "on_blocks": int(sum(b["arm"] == "on" for b in blocks)),
         "attach_ms_median": float(np.median(att)) if att else None, "attach_ms_max": max(att, default=None),
@@ -779,8 +836,11 @@ def main() -> int:
                                arms={arm: {**ATTACH_KW, **arms[arm]} for arm in paired_arms})
                     by_arm = p.pop("_arm_pairs", {paired_arms[0]: p.get("_pairs")})
                     p.pop("_pairs", None)
+                    steps_of = p.pop("_arm_steps", {})
                     for arm in paired_arms:
                         STEPS[f"{name}@{mode}/paired_{arm}_pct"] = by_arm[arm]
+                        for side, x in steps_of.get(arm, {}).items():
+                            STEPS[f"{name}@{mode}/paired_{arm}_{side}_ms"] = x
                     res["paired"] = p
                     res["paired_arms"] = p.pop("arms", {paired_arms[0]: p})
                 STEPS.update({f"{name}@{mode}/r{i}/{k}": v for i, ser in enumerate(res.pop("_series"))
@@ -808,7 +868,8 @@ def main() -> int:
     R["summary"] = {k: {m: v.get(m) for m in ("max_step_increase_ms", "max_step_increase_in_windows_ms",
                                               "max_step_increase_tracing_ms", "max_step_increase_not_tracing_ms",
                                               "gc_collections_on_total", "gc_collections_off_total",
-                                              "p999_step_ratio", "median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
+                                              "p999_step_ratio", "aa_max_step_diff_ms", "aa_p999_step_ratio_max",
+                                              "median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
                                               "gil_hold_max_ms_per_window", "ticker_stall_max_off_ms",
                                               "collector_cpu_ms_per_window_max", "decode_cpu_max_ms",
                                               "records_per_window_median", "ingest_records_per_s",
@@ -817,9 +878,9 @@ def main() -> int:
                     | {f"{m}_paired": v.get("paired", {}).get(m) for m in
                        ("median_overhead_pct", "ci95_low_pct", "ci95_high_pct", "p25_overhead_pct", "p25_ci95_pct",
                         "mean_overhead_pct", "mean_ci95_pct", "n_pairs", "windows", "attach_ms_median",
-                        "detach_ms_median", "arm", "first_half", "second_half")}
+                        "detach_ms_median", "arm", "first_half", "second_half", "tail")}
                     | {f"paired_{arm}": {m: p.get(m) for m in ("median_overhead_pct", "ci95_low_pct", "ci95_high_pct",
-                                                               "n_pairs", "first_half", "second_half")}
+                                                               "n_pairs", "first_half", "second_half", "tail")}
                        for arm, p in v.get("paired_arms", {}).items()}
                     for k, v in w.items()}
     R["targets"] = {"max_step_increase_ms": 1.0, "p999_step_ratio": 1.05, "median_overhead_pct": 0.3,

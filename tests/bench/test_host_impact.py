@@ -59,6 +59,9 @@ def test_paired_blocks_recover_a_known_slowdown(monkeypatch, slower):
     want = 100 * np.log(1 + slower)
     assert abs(r["median_overhead_pct"] - want) < 1.5, r  # a busy CI core adds noise, not bias
     assert r["ci95_low_pct"] <= r["median_overhead_pct"] <= r["ci95_high_pct"]
+    tail = r["tail"]  # the pooled blocks' steps: every on and off block of the pairs
+    assert tail["steps_on"] >= 15 * 5 and tail["steps_off"] >= 15 * 5
+    assert tail["p999_ci95"][0] <= tail["p999_step_ratio"] <= tail["p999_ci95"][1]
 
 
 def test_arms_side_by_side_each_recover_their_own_slowdown(monkeypatch):
@@ -98,3 +101,42 @@ def test_arms_side_by_side_each_recover_their_own_slowdown(monkeypatch):
         assert abs(arms[k]["median_overhead_pct"] - 100 * np.log(1 + want)) < 2.0, (k, arms[k])
         assert len(r["_arm_pairs"][k]) == arms[k]["n_pairs"]
     assert arms["fast"]["attach_kw"] == {"which": "fast"}
+
+
+def _blocks(n_pairs, steps, rng, long_every=0, long_ms=3.0, base_ms=1.7):
+    """Block step arrays (ms) with a level switch between pairs (the machine's bursts) and, with
+    ``long_every``, one step in that many made ``long_ms`` longer."""
+    out = []
+    for i in range(n_pairs):
+        level = base_ms * (1.3 if (i // 20) % 3 == 2 else 1.0)  # a slow spell shared by both arms
+        x = level + rng.gamma(2.0, 0.02, steps)
+        if long_every:
+            x[rng.random(steps) < 1 / long_every] += long_ms
+        out.append(x)
+    return out
+
+
+def test_tail_compare_finds_rare_long_steps_and_not_a_null():
+    rng = np.random.default_rng(1)
+    off = _blocks(300, 60, rng)
+    hit = H.tail_compare(_blocks(300, 60, rng, long_every=250), off)
+    assert hit["p999_ci95"][0] > 1.5 and hit["max_step_increase_ms"] > 2.0
+    assert hit["long_steps_per_1000_on"] > 2.5 and hit["long_steps_per_1000_off"] < 0.5
+    null = H.tail_compare(_blocks(300, 60, rng), off)
+    assert null["p999_ci95"][0] <= 1.0 <= null["p999_ci95"][1], null
+    assert abs(null["max_step_increase_ms"]) < 1.0 and null["long_steps_per_1000_on"] < 0.5
+    assert 0.9 < null["aa_p999_step_ratio"] < 1.1 and abs(null["aa_max_step_diff_ms"]) < 1.0
+    with pytest.raises(ValueError):
+        H.tail_compare(off[:3], off[:3])
+    with pytest.raises(ValueError):
+        H.tail_compare(off[:10], off[:9])
+
+
+def test_phases_null_is_the_worst_off_against_off():
+    a, b, c = np.full(1000, 2.0), np.full(1000, 2.0), np.full(1000, 2.0)
+    b[5] = 6.0  # one burst in the second off phase
+    c[:10] = 3.0  # a longer p99.9 in the third
+    r = H.phases_null([a, b, c])
+    assert r["aa_max_step_diff_ms"] == pytest.approx(4.0)
+    assert r["aa_p999_step_ratio_max"] == pytest.approx(1.5)  # the third's p99.9 (3 ms) over the first's
+    assert H.phases_null([a]) == {"aa_max_step_diff_ms": None, "aa_p999_step_ratio_max": None}
