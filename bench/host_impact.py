@@ -24,8 +24,9 @@ Rounds alternate their order (off,on then on,off) so that a drift over the run c
 Per workload: max_step_increase_ms (per round: longest step on - longest step off; the worst)
 and steps_tracing_share (the share of "on" steps with kernel tracing on for part of them),
 and max_step_increase_in_windows_ms (the same with only the "on" steps that overlapped a window),
-p999_step_ratio, median_overhead_pct with its 95% interval (ci95_low_pct/ci95_high_pct, t over
-rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
+p999_step_ratio, aa_max_step_diff_ms and aa_p999_step_ratio_max (the same two statistics for
+one "off" phase against another: what the machine alone gives them), median_overhead_pct with
+its 95% interval (ci95_low_pct/ci95_high_pct, t over rounds), gil_hold_max_ms_per_window (a thread that only ticks: its longest stall inside a
 window) next to ticker_stall_max_off_ms (the same thread's longest stall with graphmon off: the
 host's own GIL holds), collector_cpu_ms_per_window_max and decode_cpu_max_ms (the collector
 thread's own CPU: per window, and its longest one-buffer decode), ingest records/s (of the
@@ -35,7 +36,10 @@ CuptiSource.phase_log) in wall and CPU ms, with the host steps that were long (>
 placed in them and whether a garbage collection overlapped them, so a long step shows which
 phase it came from. With ``--paired-s``, the median overhead from 0.1 s alternating blocks
 (``paired``: attached-and-idle against detached, the host loop never pausing; the median over
-pairs with its sign-test interval), the number the issue's median target is read from;
+pairs with its sign-test interval), the number the issue's median target is read from, and
+``tail`` (``tail_compare``: the p99.9 and longest step of every on block's steps against every
+off block's; each on block begins with an attach while the loop runs, and on an HF decode an
+attach itself stalls the loop: bench/attach_stall.py);
 ``--paired-arms idle,subscribed`` measures graphmon unsubscribed between windows and subscribed
 side by side, pair by pair in the same run; ``--attach-json`` sets every attach's settings; with
 ``--ingest-s``, ingest on real buffers in steady state (``ingest_steady``). Writes
