@@ -86,8 +86,13 @@ class CuptiSource(Source):
         self._collector_logged_s = -1e9
         self._timer: Optional[EventTimer] = None
 
-        # window state: callbacks (host threads) write the current ring, the collector the rest
-        cap = min(s.max_window_launches, 1 << 20)
+        # window state: callbacks (host threads) write the current ring, the collector the rest.
+        # Sized for a sampling window; a capture that needs more slots grows the window's ring
+        # on the collector thread before its phase starts. Why not max_window_launches up front:
+        # 9 lists of 65,536 slots per ring took ~3 ms of GIL each in attach(), which on an HF
+        # decode loop showed up as the attach's stall (bench/attach_stall.py).
+        self._max_launches = min(s.max_window_launches, 1 << 20)
+        cap = min(self._max_launches, max(s.window_launches, 64))
         self._ref = LaunchRing("ref", cap)
         self._win = LaunchRing("win", cap)
         self._ring: Optional[LaunchRing] = None  # the ring launches go to now; None: not sampling
@@ -388,10 +393,12 @@ class CuptiSource(Source):
         s = self.settings
         n_target, dur_ms = s.window_launches, s.window_duration_ms
         if req is not None:  # bounded by its replays, else by its duration (and the ring: not an error)
-            n_target = req.replays if req.replays else self._win.capacity
+            n_target = min(req.replays, self._max_launches) if req.replays else self._max_launches
             dur_ms = min(req.duration_ms or s.capture_max_duration_ms, s.capture_max_duration_ms)
-            if req.replays and req.replays > self._win.capacity:
+            if req.replays and req.replays > self._max_launches:
                 self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
+            if n_target > self._win.capacity:  # no phase is on: no callback holds this ring
+                self._win = LaunchRing("win", n_target)
         timer = self._timer if self.observer == "events" else None
         self._piece_cpu0 = time.thread_time()
         self._phases = {"t0": time.perf_counter(), "decode_ms": -self._ingest_s * 1e3,  # see phase_log
