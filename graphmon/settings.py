@@ -43,7 +43,7 @@ class CuptiSettings(BaseSettings):
     buffer_size_bytes: int = Field(1 << 20, ge=4096, description="bytes per CUPTI activity buffer (one decode per buffer)")
     max_buffers: int = Field(32, ge=2, description="activity buffers in the pool; a window closes early when they run out")
     max_window_records: int = Field(2_000_000, ge=1, description="kernel records kept per window; more are counted as dropped")
-    max_window_launches: int = Field(65_536, ge=1, description="graph launches a window can hold (preallocated)")
+    max_window_launches: int = Field(65_536, ge=1, description="graph launches a capture window can hold (slots made before it opens)")
     drain_ms: float = Field(10.0, ge=0, description="fixed drain when no CUDA event tells when the window's launches ran")
     max_drain_ms: float = Field(250.0, ge=0, description="longest tracing stays on after a window closes, for its queued replays")
     observer: Literal["events", "off"] = Field("events", description="time replays with CUDA events to measure the observer effect")
