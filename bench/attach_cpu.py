@@ -31,8 +31,6 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests"),
-                os.path.join(HERE, "..", "tests", "fake_site")]
 
 
 class Ticker:
@@ -77,16 +75,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.attaches < 1:
         ap.error("--attaches >= 1")
-    saved = {k: os.environ.get(k) for k in ("GRAPHMON_CUPTI_API", "GRAPHMON_AGENT")}
+    # the fake CUPTI (and the fake modules beside it) go on this process's path: run it as a
+    # process of its own, never imported into one that may hold the real cupti
+    sys.path[:0] = [HERE, os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests"),
+                    os.path.join(HERE, "..", "tests", "fake_site")]
     os.environ.setdefault("GRAPHMON_CUPTI_API", "cupti:cupti")  # the fake of tests/fake_site
-    try:
-        return _run(a)
-    finally:  # a caller in the same process (tests) gets its environment back
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return _run(a)
 
 
 def _run(a) -> int:
