@@ -186,22 +186,28 @@ def test_capture_request_tagged_and_bounded_by_replays():
     assert w.ended_s >= w.started_s
 
 
+def _one_capture(fake, src, windows, req: CaptureRequest, launches: int):
+    """Start ``src``, ask for ``req``, launch a 1-kernel graph ``launches`` times once the window
+    is open; returns the capture's window (the source stopped)."""
+    src.start(windows.append)
+    h = fake.instantiate(decode_like(1))
+    assert wait_for(lambda: src.health().state == "running")
+    src.request_capture(req)
+    assert wait_for(lambda: src.in_window)
+    for _ in range(launches):
+        fake.launch(h, MAIN)
+    assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    return windows[0]
+
+
 def test_launch_slots_sized_for_sampling_and_grown_for_a_capture():
     # attach() no longer preallocates max_window_launches (65,536) slots per ring: ~3 ms of GIL
     # per ring, the attach's stall on an HF decode. A capture that needs more grows the window's
     # ring on the collector thread and still takes every launch it asked for.
     fake, src, windows = make(window_launches=4, interval_s=30.0, first_window_s=30.0)
     assert src._win.capacity == src._ref.capacity == 64
-    src.start(windows.append)
-    h = fake.instantiate(decode_like(1))
-    assert wait_for(lambda: src.health().state == "running")
-    src.request_capture(CaptureRequest(id="big", replays=300, duration_ms=2000))
-    assert wait_for(lambda: src.in_window)
-    for _ in range(400):
-        fake.launch(h, MAIN)
-    assert wait_for(lambda: len(windows) >= 1)
-    src.stop()
-    w = windows[0]
+    w = _one_capture(fake, src, windows, CaptureRequest(id="big", replays=300, duration_ms=2000), 400)
     assert w.capture_id == "big" and w.trace.n_launches == 300
     assert len(np.unique(w.trace.correlation_id)) == 300
     assert src._win.capacity == 300 and src._ref.capacity == 64  # the reference phase stays window-sized
@@ -210,16 +216,8 @@ def test_launch_slots_sized_for_sampling_and_grown_for_a_capture():
 
 def test_capture_beyond_max_window_launches_is_capped_and_counted():
     fake, src, windows = make(window_launches=4, max_window_launches=100, interval_s=30.0, first_window_s=30.0)
-    src.start(windows.append)
-    h = fake.instantiate(decode_like(1))
-    assert wait_for(lambda: src.health().state == "running")
-    src.request_capture(CaptureRequest(id="huge", replays=500, duration_ms=2000))
-    assert wait_for(lambda: src.in_window)
-    for _ in range(200):
-        fake.launch(h, MAIN)
-    assert wait_for(lambda: len(windows) >= 1)
-    src.stop()
-    assert windows[0].trace.n_launches == 100 and src._win.capacity == 100
+    w = _one_capture(fake, src, windows, CaptureRequest(id="huge", replays=500, duration_ms=2000), 200)
+    assert w.trace.n_launches == 100 and src._win.capacity == 100
     assert src.health().errors.get("window_launches_capped") == 1
 
 
