@@ -76,6 +76,9 @@ class Agent:
         self.tick_s = float(tick_s)
         self.recorder_factory = recorder_factory
         self.publish_hooks: list[Callable] = []  # called with each new snapshot of any process (HTTP pre-render)
+        # called on the ingest thread after a process's aggregator took a window (the deploy verdict
+        # queues it there); must not block. Errors are counted in errors["window_hook"].
+        self.window_hooks: list[Callable[[Attached, Window], None]] = []
         self.processes: dict[str, Attached] = {}
         self.lost_total = 0
         self.empty_total = {r: {} for r in EMPTY_REASONS}  # reason -> rank -> count
@@ -163,6 +166,11 @@ class Agent:
         elif len(w.trace) > 0:
             a.degraded, a.no_windows_counted = "", False
         a.aggregator.ingest(w)
+        for hook in list(self.window_hooks):
+            try:
+                hook(a, w)
+            except Exception:
+                self.errors["window_hook"] = self.errors.get("window_hook", 0) + 1
         if a.recorder is not None:
             try:
                 a.recorder(w)

@@ -78,14 +78,39 @@ def status(agent: Agent) -> dict:
             "link_rejected": dict(agent.listener.rejected), "errors_total": dict(agent.errors)}
 
 
+def _live_ranks(agent: Agent) -> set[str]:
+    return {a.rank for a in agent.attached() if a.gone_s is None}
+
+
 def create_agent_app(agent: Agent):
+    from graphmon.export import deploy_metrics
+    from graphmon.export.baseline import PooledBaseline
+    from graphmon.export.deploy import DeployVerdict
     from graphmon.export.server import create_app
 
+    st = agent.settings
+    # The deploy verdict: each window is queued on the ingest thread, pooled and compared on its own
+    # thread; /baseline pins through it (the same pooling).
+    verdict = DeployVerdict(lookup=agent.trace_lookup)
+    agent.window_hooks.append(verdict.on_window)
+    deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_ranks(agent), max_graphs=st.max_graphs,
+                                            max_streams=st.max_streams, max_label_length=st.max_label_length)
+
+    def extra_status() -> dict:
+        return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_ranks(agent), st.max_graphs)}
+
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
-                     settings=agent.settings, extra_status=lambda: status(agent), last_window=agent.last_window_id,
-                     extra_collectors=[AgentHealthCollector(agent)])
-    # every process's new snapshot re-renders /metrics off the request path
+                     settings=st, extra_status=extra_status, last_window=agent.last_window_id,
+                     extra_collectors=[AgentHealthCollector(agent), deploy], baseline=PooledBaseline(verdict))
+    app.state.deploy = verdict
+    # every process's new snapshot, and every new verdict, re-renders /metrics off the request path
     agent.publish_hooks.append(lambda _snap: app.state.renderer.prerender())
+
+    def verdict_changed() -> None:
+        app.state.renderer.invalidate()
+        app.state.renderer.prerender()
+
+    verdict.on_publish.append(verdict_changed)
     return app
 
 

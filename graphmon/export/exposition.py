@@ -114,7 +114,8 @@ class MetricsRenderer:
         self._make = make_registry
         self._fallback = fallback_registry
         self._on_error = on_error
-        self._cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (snapshots, body)
+        self._cache: dict[str, tuple[tuple, bytes, int]] = {}  # format -> (snapshots, body, generation)
+        self._gen = 0  # bumped by invalidate(): something beside the snapshots changed (the deploy verdict)
         self._lock = threading.Lock()  # one render at a time: bounded transient memory and CPU
         self.renders = 0
 
@@ -126,7 +127,11 @@ class MetricsRenderer:
         """The body if it is current (no rendering): cheap enough for the event loop."""
         snaps = tuple(self._get())
         hit = self._cache.get(fmt)
-        return hit[1] if hit is not None and self._same(hit[0], snaps) else None
+        return hit[1] if hit is not None and hit[2] == self._gen and self._same(hit[0], snaps) else None
+
+    def invalidate(self) -> None:
+        """The next body is rendered anew (call prerender() after it to render it off the request path)."""
+        self._gen += 1
 
     def body(self, fmt: str, stage: str = "scrape") -> bytes:
         if not self._lock.acquire(blocking=False):
@@ -138,9 +143,9 @@ class MetricsRenderer:
                 return hit[1]
             self._lock.acquire()
         try:
-            snaps = tuple(self._get())
+            snaps, gen = tuple(self._get()), self._gen
             hit = self._cache.get(fmt)
-            if hit is not None and self._same(hit[0], snaps):
+            if hit is not None and hit[2] == gen and self._same(hit[0], snaps):
                 return hit[1]
             try:
                 data = render(self._make(lambda: snaps), fmt)
@@ -151,7 +156,7 @@ class MetricsRenderer:
                     raise
                 return render(self._fallback, fmt)
             self.renders += 1
-            self._cache[fmt] = (snaps, data)
+            self._cache[fmt] = (snaps, data, gen)
             return data
         finally:
             self._lock.release()

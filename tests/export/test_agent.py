@@ -191,3 +191,20 @@ def test_a_process_sampling_status_keeps_known_keys_of_known_types():
                      "idle_unsubscribes": -1})
     assert bad == {}
     assert _sampling(["not", "a", "dict"]) == {}
+
+
+def test_window_hooks_see_every_window_after_the_aggregator(agent):
+    seen = []
+
+    def hook(a, w):
+        seen.append((a.rank, a.key, a.aggregator.snapshot().windows_total, len(w.trace)))
+        raise RuntimeError("a failing hook is counted, the ingest goes on")
+
+    agent.window_hooks.append(hook)
+    c = Client(agent, rank="2")
+    _proc(agent)
+    c.window(8)
+    c.window(4)
+    assert wait_until(lambda: len(seen) == 2)
+    assert seen == [("2", f"p{os.getpid()}", 1, 8), ("2", f"p{os.getpid()}", 2, 4)]
+    assert agent.errors["window_hook"] == 2 and agent.snapshots()[0].windows_total == 2
