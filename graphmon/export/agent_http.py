@@ -78,8 +78,9 @@ def status(agent: Agent) -> dict:
             "link_rejected": dict(agent.listener.rejected), "errors_total": dict(agent.errors)}
 
 
-def _live_ranks(agent: Agent) -> set[str]:
-    return {a.rank for a in agent.attached() if a.gone_s is None}
+def _live_incarnations(agent: Agent) -> set[str]:
+    """The processes connected now, as the deploy verdict names them (Attached.incarnation)."""
+    return {str(getattr(a, "incarnation", a.key)) for a in agent.attached() if a.gone_s is None}
 
 
 def create_agent_app(agent: Agent):
@@ -93,11 +94,11 @@ def create_agent_app(agent: Agent):
     # thread; /baseline pins through it (the same pooling).
     verdict = DeployVerdict(lookup=agent.trace_lookup)
     agent.window_hooks.append(verdict.on_window)
-    deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_ranks(agent), max_graphs=st.max_graphs,
+    deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,
                                             max_streams=st.max_streams, max_label_length=st.max_label_length)
 
     def extra_status() -> dict:
-        return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_ranks(agent), st.max_graphs)}
+        return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_incarnations(agent), st.max_graphs)}
 
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
                      settings=st, extra_status=extra_status, last_window=agent.last_window_id,

@@ -15,8 +15,8 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
 - ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_computations_total{outcome}``.
 
-Series exist while the rank's process is attached and the comparison is computed: a restart ends
-the previous verdict (its series go) until the new process has pooled enough replays.
+Series exist while the compared process is attached and the comparison is computed: a restart
+ends the previous verdict (its series go) until the new process has pooled enough replays.
 """
 
 from __future__ import annotations
@@ -48,15 +48,16 @@ def _current_name(g: GraphVerdict) -> str:
 class DeployCollector:
     """prometheus_client collector of the deploy verdict (one-method protocol)."""
 
-    def __init__(self, verdict: DeployVerdict, live_ranks: Optional[Callable[[], Iterable[str]]] = None, *,
+    def __init__(self, verdict: DeployVerdict, live: Optional[Callable[[], Iterable[str]]] = None, *,
                  max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128) -> None:
-        self.verdict, self.live_ranks = verdict, live_ranks
+        self.verdict, self.live = verdict, live
         self.max_graphs, self.max_streams, self.max_label_length = max_graphs, max_streams, max_label_length
 
     def results(self) -> list[Result]:
+        """Results whose current process is attached (``live()``: the incarnations connected now)."""
         res = self.verdict.results
-        live = set(self.live_ranks()) if self.live_ranks is not None else None
-        return [r for k, r in sorted(res.items()) if live is None or r.rank in live]
+        live = set(self.live()) if self.live is not None else None
+        return [r for k, r in sorted(res.items()) if live is None or r.current_incarnation in live]
 
     def collect(self) -> Iterable[Metric]:
         reg = GaugeMetricFamily("graphmon_deploy_regression",
@@ -111,17 +112,17 @@ class DeployCollector:
         yield comp
 
 
-def status(verdict: DeployVerdict, live_ranks: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:
+def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:
     """/status "deploy": one entry per (rank, reference) with the verdict per graph."""
     from dataclasses import asdict
 
     from graphmon.analysis.deploy import _clean
 
     now = time.time()
-    live = set(live_ranks) if live_ranks is not None else None
+    live = set(live) if live is not None else None
     out = []
     for (_, _), r in sorted(verdict.results.items()):
-        if live is not None and r.rank not in live:
+        if live is not None and r.current_incarnation not in live:
             continue
         graphs, n_left = _exported(r, max_graphs)
         doc = {
