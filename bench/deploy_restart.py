@@ -8,9 +8,9 @@ One `graphmon run` agent; under it this script (the driver) runs, one process af
 - rank 0 (the CUDA device ordinal: no RANK given): examples' decode model, one graph (batch 1,
   uploaded), v1 -> v2 with ``--memcpy`` (a tiny device-to-device copy node after the norm and the
   matmul of every layer: same kernels, wider gaps) -> v3, the same build as v2 (no change);
-- rank 1 (RANK=1), at the same time: a Hugging Face transformers static-cache ``generate`` of a
-  random-weight small Llama (torch.compile cudagraph trees), warmed at the decode length it runs,
-  h1 -> h2 (no change).
+- rank 1 (RANK=1), after them (two processes on one GPU would time-slice each other's replays):
+  a Hugging Face transformers static-cache ``generate`` of a random-weight small Llama
+  (torch.compile cudagraph trees), warmed at the decode length it runs, h1 -> h2 (no change).
 Each process runs until it sent 3 windows (the first of a rank) or until the agent's deploy verdict
 against its predecessor is ready and 2 more windows came. The driver scrapes /metrics and /status
 every second.
@@ -135,7 +135,9 @@ class Driver:
         self.scraper = Scraper(self.base)
         self.phases: list[dict] = []
         self.restarts: list[dict] = []
+        self.skipped: list[str] = []
         self.lock = threading.Lock()
+        self.deadline = time.monotonic() + args.driver_budget_s
 
     def command(self, kind: str, stop_file: str, change: bool) -> tuple[list[str], dict]:
         env = dict(os.environ)
@@ -166,7 +168,7 @@ class Driver:
         t0 = time.time()
         proc = subprocess.Popen(cmd, env=env)
         ph = {"name": name, "rank": rank, "kind": kind, "change": change, "pid": proc.pid, "started_s": t0}
-        deadline = time.monotonic() + self.args.process_timeout_s
+        deadline = min(time.monotonic() + self.args.process_timeout_s, self.deadline)
         ready_at = None
         while time.monotonic() < deadline and proc.poll() is None:
             p = self.process(proc.pid)
@@ -195,10 +197,14 @@ class Driver:
     def sequence(self, rank: str, kind: str, changes: list[bool]) -> None:
         prev = None
         for i, change in enumerate(changes):
+            if time.monotonic() > self.deadline - 10:
+                self.skipped.append(f"{kind}{i + 1}: out of time")
+                return
             ph = self.run_process(f"{kind}{i + 1}", rank, kind, change, first=prev is None)
             if prev is not None:
                 self.restarts.append(self.restart(rank, prev, ph, change != prev["change"]))
             prev = ph
+            self.write()  # what is measured so far survives a run cut short
 
     def restart(self, rank: str, old: dict, new: dict, changed: bool) -> dict:
         t0, t1 = old["started_s"] + old["stopped_s"], new["started_s"] + new["stopped_s"]
@@ -229,18 +235,22 @@ class Driver:
 
     def run(self) -> dict:
         self.scraper.start()
-        seqs = [threading.Thread(target=self.sequence, args=("0", "decode", [False, True, True]))]
+        self.sequence("0", "decode", [False, True, True])
         if not self.args.skip_hf:
-            seqs.append(threading.Thread(target=self.sequence, args=("1", "hf", [False, False])))
-        for t in seqs:
-            t.start()
-        for t in seqs:
-            t.join()
+            self.sequence("1", "hf", [False, False])
         self.scraper.stop.set()
-        return {"dry_run": self.args.dry_run, "interval_s": self.args.interval_s, "window_launches": 4,
-                "phases": sorted(self.phases, key=lambda p: (p["rank"], p["started_s"])), "restarts": self.restarts,
-                "scrapes": len(self.scraper.scrapes),
-                "failed_scrapes": sum(1 for s in self.scraper.scrapes if "error" in s)}
+        return self.write()
+
+    def write(self) -> dict:
+        doc = {"command": " ".join(["python", "bench/deploy_restart.py", "--out", self.args.out]
+                                   + (["--dry-run"] if self.args.dry_run else [])),
+               "dry_run": self.args.dry_run, "interval_s": self.args.interval_s, "window_launches": 4,
+               "phases": sorted(self.phases, key=lambda p: (p["rank"], p["started_s"])), "restarts": self.restarts,
+               "skipped": self.skipped, "scrapes": len(self.scraper.scrapes),
+               "failed_scrapes": sum(1 for s in self.scraper.scrapes if "error" in s)}
+        with open(os.path.join(self.args.out, "deploy-restart.json"), "w") as fh:
+            json.dump(doc, fh, indent=1)
+        return doc
 
 
 def input_series(scrapes: list[dict], rank: str) -> list[dict]:
@@ -272,13 +282,19 @@ def outer(args) -> int:
     cmd = [sys.executable, "-m", "graphmon.cli", "run", "--port", str(port), "--interval-s", str(args.interval_s),
            "--max-traced-share", "1", "--window-launches", "4", "--",
            sys.executable, __file__, "--driver", "--port", str(port), "--out", args.out,
-           "--interval-s", str(args.interval_s), "--process-timeout-s", str(args.process_timeout_s)]
+           "--interval-s", str(args.interval_s), "--process-timeout-s", str(args.process_timeout_s),
+           "--driver-budget-s", str(max(30.0, args.timeout_s - 30))]  # the driver stops in time to write
     cmd += (["--dry-run"] if args.dry_run else []) + (["--skip-hf"] if args.skip_hf else [])
     t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a timeout ends every client
     try:
-        rc = subprocess.run(cmd, env=env, timeout=args.timeout_s).returncode
+        rc = proc.wait(args.timeout_s)
     except subprocess.TimeoutExpired:
-        print(f"deploy_restart: over {args.timeout_s:.0f} s", file=sys.stderr)
+        import signal
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        print(f"deploy_restart: over {args.timeout_s:.0f} s (what was measured is in the JSON)", file=sys.stderr)
         return 1
     print(f"deploy_restart: {time.monotonic() - t0:.0f} s, exit {rc}; {os.path.join(args.out, 'deploy-restart.json')}")
     return rc
@@ -299,19 +315,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU: fake CUPTI and torch (tests/fake_site)")
     ap.add_argument("--skip-hf", action="store_true", help="rank 0's decode restarts only")
     ap.add_argument("--interval-s", type=float, default=1.0, help="seconds between windows (default 1)")
-    ap.add_argument("--process-timeout-s", type=float, default=150.0, help="longest one client process runs")
+    ap.add_argument("--process-timeout-s", type=float, default=120.0, help="longest one client process runs")
     ap.add_argument("--timeout-s", type=float, default=330.0, help="the whole run (default 330: under 6 min)")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--driver-budget-s", type=float, default=300.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.driver:
         return outer(args)
     doc = Driver(args).run()
-    doc["command"] = " ".join(["python", "bench/deploy_restart.py", "--out", args.out]
-                              + (["--dry-run"] if args.dry_run else []))
-    path = os.path.join(args.out, "deploy-restart.json")
-    with open(path, "w") as fh:
-        json.dump(doc, fh, indent=1)
     for r in doc["restarts"]:
         print(f"rank {r['rank']} {r['from']} -> {r['to']} ({r['change']}): verdict after {r['windows_to_verdict']} "
               f"window(s), regression after {r['windows_to_regression']}; final {r['final'].get('regression')}",
