@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Optional
 
 from graphmon.analysis.boundaries import live_top_boundaries
+from graphmon.report.jsonsafe import json_safe
 
 log = logging.getLogger("graphmon")
 TOP_BOUNDARIES = 5  # boundaries per graph carried by /status and /trace
@@ -170,3 +171,22 @@ class PooledBaseline:
         if r is None or r.state != "ready" or r.error or r.current_window != window_id:
             return None
         return p[1], list(r.boundaries)
+
+    def trace_extra(self, window_id: str) -> Optional[tuple[str, dict]]:
+        """``/trace/<window_id>``'s otherData: ``boundaries`` (the pinned baseline's attribution) and
+        ``deploy`` (the verdict against the rank's previous process) when one was computed for this
+        window; (a version of the pair for the body cache, the entries) or None."""
+        out: dict = {}
+        version = []
+        got = self.for_window(window_id)
+        if got is not None:
+            out["boundaries"] = {"baseline": got[0], "window": window_id, "graphs": got[1]}
+            version.append(f"pinned={got[0]}")
+        for (rank, ref), r in sorted(self.verdict.results.items()):
+            if ref == "previous" and r.state == "ready" and r.verdict is not None and r.current_window == window_id:
+                out["deploy"] = {"rank": rank, "reference": ref, "reference_id": r.reference_id,
+                                 "reference_pid": r.reference_pid, "window": window_id,
+                                 "regression": bool(r.verdict.regressions()),
+                                 "graphs": json_safe(r.verdict.graphs)}
+                version.append(f"previous={r.reference_id}@{r.computed_s}")
+        return (";".join(version), out) if out else None

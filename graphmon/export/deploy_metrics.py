@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from graphmon.analysis.deploy import KINDS, GraphVerdict
 from graphmon.export.aggregator import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
+from graphmon.report.jsonsafe import json_safe
 
 GRAPH = ["rank", "device", "graph", "reference"]
 STREAM = ["rank", "device", "graph", "stream", "reference"]
@@ -114,10 +115,6 @@ class DeployCollector:
 
 def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:
     """/status "deploy": one entry per (rank, reference) with the verdict per graph."""
-    from dataclasses import asdict
-
-    from graphmon.analysis.deploy import _clean
-
     now = time.time()
     live = set(live) if live is not None else None
     out = []
@@ -135,7 +132,7 @@ def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_gra
             "computed_age_s": None if r.computed_s is None else max(0.0, now - r.computed_s),
             "compute_seconds": r.compute_seconds,
             "regression": bool(r.verdict is not None and r.verdict.regressions()),
-            "graphs": [_clean(asdict(g)) for g in graphs], "graphs_left_out": n_left,
+            "graphs": json_safe(graphs), "graphs_left_out": n_left,
         }
         if r.error:
             doc["error"] = r.error

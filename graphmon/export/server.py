@@ -88,6 +88,8 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
             return next((s.windows[-1] for s in snapshots() if s.windows), None)
 
     def boundaries_extra(trace_id: str):  # computed attribution only: the download path never computes
+        if hasattr(baseline, "trace_extra"):  # the agent's: the pinned and the deploy verdict's boundaries
+            return baseline.trace_extra(trace_id)
         got = baseline.for_window(trace_id)
         return None if got is None else (got[0], {"boundaries": {"baseline": got[0], "window": trace_id, "graphs": got[1]}})
 

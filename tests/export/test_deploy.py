@@ -221,3 +221,53 @@ def test_the_hook_costs_the_ingest_thread_no_computation(native, verdict):
     t0 = time.perf_counter()
     verdict.on_window(proc, window(ws[0]))
     assert time.perf_counter() - t0 < 0.05
+
+
+def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
+    """The wiring: Agent.window_hooks -> the verdict's thread -> /metrics (re-rendered when the verdict
+    changes), /status "deploy" and /trace/<window>'s otherData.deploy; two processes of rank 0 over
+    the real wire, one after the other."""
+    import socket
+
+    from fastapi.testclient import TestClient
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import create_agent_app
+    from graphmon.model.wire import encode_message, encode_window
+    from graphmon.settings import Settings
+
+    agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
+    c = TestClient(create_agent_app(agent), client=("127.0.0.1", 5000))
+    t = only(native, GRAPH)
+
+    def process(pid, windows):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(agent.socket_path)
+        ident = {"rank": "0", "rank_source": "cuda_device", "pid": str(pid), "host": "h", "device": "0",
+                 "interval_s": 10.0, "first_window_s": 0.0}
+        s.sendall(encode_message("hello", identity=ident, status={"state": "running"}))
+        for i, w in enumerate(windows):
+            s.sendall(encode_window(window(w, ended_s=time.time() + i)))
+        return s
+
+    try:
+        v1 = process(100, windows_of(t)[:4])
+        assert wait_until(lambda: any(p["pid"] == "100" and p["windows_total"] == 4
+                                      for p in c.get("/status").json()["processes"]), timeout=20)
+        v1.sendall(encode_message("bye", status={"state": "stopped"}))
+        v1.close()
+        v2 = process(200, windows_of(widen(t, 0))[:2])
+        assert wait_until(lambda: any(d["state"] == "ready" for d in c.get("/status").json()["deploy"]), timeout=30)
+        (d,) = c.get("/status").json()["deploy"]
+        assert (d["rank"], d["reference_pid"], d["current_pid"], d["regression"]) == ("0", "100", "200", True)
+        assert d["current_window"] == "p200-w2" and d["graphs"][0]["kind"] == "uniform"
+        text = c.get("/metrics").text  # served from the pre-rendered body: re-rendered when the verdict came
+        assert f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="uniform",rank="0",reference="previous"}} 1.0' in text
+        other = c.get("/trace/p200-w2").json()["otherData"]
+        assert other["deploy"]["reference_pid"] == "100" and other["deploy"]["graphs"][0]["top"]
+        assert "boundaries" not in other  # nothing pinned
+        assert "deploy" not in c.get("/trace/p200-w1").json()["otherData"]
+        v2.close()
+    finally:
+        agent.stop()
+        c.app.state.deploy.stop()
