@@ -414,8 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--min-replays", type=int, default=5, help="replays needed per side to test a stream (default 5)")
     cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
     cp.add_argument("--fail-on", choices=("uniform", "concentrated", "any"), default="any",
-                    help="exit 1 on this kind of regressed graph: uniform (the whole graph widened, or a flagged "
-                         "stream), concentrated (a few boundaries, or mixed), any (default)")
+                    help="exit 1 on this kind of regressed graph (its boundary verdict): uniform (the whole graph "
+                         "widened), concentrated (a few boundaries; or mixed), any (default)")
     cp.add_argument("--min-added-ns", type=float, default=1000.0,
                     help="a boundary verdict regresses when its widened boundaries add at least this much gap per "
                          "replay (default 1000 ns) ...")
