@@ -6,8 +6,8 @@ not stay quiet? (issue 27; the CPU twin is tests/system/test_deploy_e2e.py)
 
 One `graphmon run` agent; under it this script (the driver) runs, one process after the other:
 - rank 0 (the CUDA device ordinal: no RANK given): examples' decode model, one graph (batch 1,
-  uploaded), v1 -> v2 with ``--memcpy`` (a tiny device-to-device copy node after the norm and the
-  matmul of every layer: same kernels, wider gaps) -> v3, the same build as v2 (no change);
+  uploaded), v1 -> v2 with ``--memcpy`` (a tiny device-to-device copy node after every kernel, on
+  its stream: the same kernels, wider gaps on every stream) -> v3, the same build as v2 (no change);
 - rank 1 (RANK=1), after them (two processes on one GPU would time-slice each other's replays):
   a Hugging Face transformers static-cache ``generate`` of a random-weight small Llama
   (torch.compile cudagraph trees), warmed at the decode length it runs, h1 -> h2 (no change).

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="uploaded,lazy,instantiate_upload")
     ap.add_argument("--attach", action="store_true", help="call graphmon.attach() from code")
     ap.add_argument("--memcpy", action="store_true",
-                    help="a tiny device-to-device copy node after the norm and the matmul of every layer (a 'new build')")
+                    help="a tiny device-to-device copy node after every kernel (a 'new build': same kernels, wider gaps)")
     ap.add_argument("--port", type=int, default=9479)
     ap.add_argument("--sync-every", type=int, default=8,
                     help="synchronize every N steps (a step replays each graph once); larger = the CPU runs further ahead")
