@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
-from graphmon.analysis.boundaries import Attribution, attribute
+from graphmon.analysis.boundaries import Attribution, attribute, attribution_json
 from graphmon.analysis.compare import Comparison, compare
 from graphmon.analysis.significance import Thresholds
 from graphmon.model.trace import Trace, TraceError
@@ -178,16 +178,10 @@ def judge(comparison: Comparison, attribution: Attribution, gate: Optional[Gate]
             boundaries=a.boundaries if a is not None else 0, widened=a.flagged if a is not None else 0,
             moved=a.moved if a is not None else 0,
             flagged_streams=sorted(flagged) if regression else [], streams=streams,
-            top=_attr_top(a) if a is not None else [],
+            top=attribution_json(a)["top"] if a is not None else [],
         ))
     return Verdict(graphs=out, unmatched_baseline=list(comparison.unmatched_baseline),
                    unmatched_current=list(comparison.unmatched_current), thresholds=comparison.thresholds, gate=gate)
-
-
-def _attr_top(a) -> list[dict]:
-    from graphmon.analysis.boundaries import attribution_json
-
-    return attribution_json(a)["top"]
 
 
 def deploy_verdict(baseline: Trace, current: Trace, *, thresholds: Optional[Thresholds] = None,
