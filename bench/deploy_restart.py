@@ -41,7 +41,8 @@ import threading
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+SELF = os.path.abspath(__file__)
+HERE = os.path.dirname(SELF)
 ROOT = os.path.dirname(HERE)
 FAMILIES = ("graphmon_deploy_regression", "graphmon_deploy_stream_regression", "graphmon_deploy_gap_added_seconds")
 SAMPLE = re.compile(r"^(graphmon_[a-z_]+)\{([^}]*)\} (\S+)$", re.M)
@@ -118,6 +119,16 @@ class Scraper(threading.Thread):
                                                for p in st.get("processes", [])]})
 
 
+def signatures(metrics: str, rank: str) -> dict[str, list[str]]:
+    """graph -> the signature labels of graphmon_graph_info for ``rank`` (a changed graph shows here)."""
+    out: dict[str, list[str]] = {}
+    for name, lab, _ in SAMPLE.findall(metrics):
+        d = dict(LABEL.findall(lab))
+        if name == "graphmon_graph_info" and d.get("rank") == rank:
+            out.setdefault(d["graph"], []).append(d.get("signature", ""))
+    return out
+
+
 def series_per_key(metrics: str) -> dict[str, int]:
     """Sample lines of the median gap per (rank, graph, stream): 1 each when series continue."""
     out: dict[str, int] = {}
@@ -149,8 +160,8 @@ class Driver:
             return [sys.executable, "-m", "fake_engine", "env_worker"], env
         if kind == "hf":
             env["RANK"] = "1"
-            return [sys.executable, __file__, "client-hf", "--stop-file", stop_file], env
-        return [sys.executable, __file__, "client-decode", "--stop-file", stop_file] + (["--memcpy"] if change else []), env
+            return [sys.executable, SELF, "client-hf", "--stop-file", stop_file], env
+        return [sys.executable, SELF, "client-decode", "--stop-file", stop_file] + (["--memcpy"] if change else []), env
 
     def status(self) -> dict:
         return self.scraper.last_status
@@ -184,6 +195,7 @@ class Driver:
             time.sleep(0.5)
         ph["windows"] = self.process(proc.pid).get("windows_total", 0)
         ph["series"] = series_per_key(self.scraper.last_metrics)
+        ph["signatures"] = signatures(self.scraper.last_metrics, rank)
         open(stop_file, "w").close()
         try:
             proc.wait(60)
@@ -281,7 +293,7 @@ def outer(args) -> int:
         env["GRAPHMON_CUPTI_API"] = "cupti:cupti"
     cmd = [sys.executable, "-m", "graphmon.cli", "run", "--port", str(port), "--interval-s", str(args.interval_s),
            "--max-traced-share", "1", "--window-launches", "4", "--",
-           sys.executable, __file__, "--driver", "--port", str(port), "--out", args.out,
+           sys.executable, SELF, "--driver", "--port", str(port), "--out", args.out,
            "--interval-s", str(args.interval_s), "--process-timeout-s", str(args.process_timeout_s),
            "--driver-budget-s", str(max(30.0, args.timeout_s - 30))]  # the driver stops in time to write
     cmd += (["--dry-run"] if args.dry_run else []) + (["--skip-hf"] if args.skip_hf else [])
