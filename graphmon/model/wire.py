@@ -65,7 +65,7 @@ ERROR_STAGES = (
 )
 LINK_COUNTERS = ("windows_sent", "windows_dropped", "reconnects", "bad_messages", "connected")
 # Why a frame was refused (the agent counts each): a closed set, never the exception text.
-WIRE_REASONS = ("framing", "too_large", "header", "identity", "status", "window", "protocol")
+WIRE_REASONS = ("framing", "too_large", "stalled", "header", "identity", "status", "window", "protocol")
 _COLS = tuple(("k", k, np.dtype(t).newbyteorder("<")) for k, t in KERNEL_COLUMNS.items()) + tuple(
     ("l", k, np.dtype(t).newbyteorder("<")) for k, t in LAUNCH_COLUMNS.items())
 _GRAPH_FIELDS = {"key": str, "graph_id": int, "exec_handle": int, "upload_mode": str, "upload_stream": int,
@@ -379,6 +379,11 @@ class FrameReader:
         self._have = 0
         self._skip = 0  # bytes of a refused frame still to discard
         self.skipped = 0
+
+    @property
+    def in_frame(self) -> bool:
+        """Part of a frame (its length, body or the bytes of a skipped one) has arrived."""
+        return bool(self._len) or self._body is not None or self._skip > 0
 
     @property
     def buffered(self) -> int:

@@ -256,3 +256,16 @@ def test_hello_frame_bound_is_what_a_hello_needs():
     with pytest.raises(WireError, match="exceeds") as e:
         FrameReader(max_frame_bytes=MAX_HELLO_FRAME_BYTES).feed(struct.pack("<I", 96 * 2**20))
     assert e.value.reason == "too_large"
+
+
+def test_a_process_sampling_status_keeps_known_keys_of_known_types():
+    from graphmon.model.wire import decode_status
+
+    got = decode_status({"sampling": {"next_interval_s": 12, "last_traced_ms": 8.5, "cupti_subscribed": False,
+                                      "idle_unsubscribes": 3, "evil": "x" * 10_000, "next_interval_s_extra": 1.0}})
+    assert got["sampling"] == {"next_interval_s": 12.0, "last_traced_ms": 8.5, "cupti_subscribed": False,
+                               "idle_unsubscribes": 3}
+    for bad in ({"next_interval_s": float("nan")}, {"last_traced_ms": True}, {"cupti_subscribed": "yes"},
+                {"idle_unsubscribes": -1}):
+        with pytest.raises(WireError, match="sampling"):
+            decode_status({"sampling": bad})
