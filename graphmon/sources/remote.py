@@ -151,9 +151,15 @@ def bind_socket(path: str, peers: PeerPolicy, explicit: bool) -> socket.socket:
     old = os.umask(0o117 if peers.gids else 0o177)
     try:
         sock.bind(path)  # created 0600 / 0660 under the umask: never wider, not even for a moment
-    except OSError:
+    except OSError as e:
         sock.close()
-        raise
+        if e.errno != errno.EACCES:
+            raise
+        d = os.path.dirname(os.path.abspath(path))
+        st = os.stat(d)
+        raise PermissionError(e.errno, f"cannot create a socket in {d} (uid {st.st_uid} gid {st.st_gid} mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}): the agent runs as uid {os.getuid()} groups "
+                              f"{sorted({os.getgid(), *os.getgroups()})}") from None
     finally:
         os.umask(old)
     if peers.gids and os.stat(path).st_gid != peers.gids[0]:

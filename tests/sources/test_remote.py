@@ -81,6 +81,16 @@ def test_stale_socket_is_replaced_a_live_one_or_another_file_is_not(tmp_path):
     assert path.read_text() == "not a socket"
 
 
+@AS_ROOT
+def test_a_socket_folder_the_agent_cannot_write_is_one_clear_error(shared_dir):
+    code = ("from graphmon.sources.remote import AgentListener\n"
+            "AgentListener(__import__('sys').argv[1], on_connect=print, on_close=print)")
+    r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", code,
+                        os.path.join(shared_dir, "agent.sock")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and (f"PermissionError: [Errno 13] cannot create a socket in {shared_dir} "
+                                  f"(uid 0 gid 0 mode 0755): the agent runs as uid {NOBODY} groups [{NOBODY}]") in r.stderr
+
+
 def test_socket_is_0660_in_the_first_allowed_group(tmp_path):
     gid = os.getgid() if os.geteuid() != 0 else NOBODY  # root may give it any group; others their own
     lst = _listener(tmp_path / "agent.sock", peers=PeerPolicy(gids=(gid,)))

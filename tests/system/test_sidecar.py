@@ -1,23 +1,24 @@
-"""The sidecar as shipped: `graphmon agent` run exactly as docker/Dockerfile and
-docker/k8s/agent-sidecar.yaml run it, and an engine-side light collector (fake CUPTI) as the
-manifest's engine user (root), over the manifest's socket path.
+"""The agent as shipped: `graphmon agent` run exactly as docker/Dockerfile and the Kubernetes
+manifests (docker/k8s/agent-sidecar.yaml, agent-daemonset.yaml) run it, and an engine-side light
+collector (fake CUPTI) as the manifest's engine user (root), over the manifest's socket path.
 
-Everything the run uses is read from those two files, not restated here: the image's ENTRYPOINT,
-CMD, ENV and USER; the container's args, env and securityContext (uid, gid, no_new_privs,
-dropped capabilities, read-only root); the pod's fsGroup and the socket volume (an in-memory
-emptyDir, made as kubelet makes it with an fsGroup: tmpfs, mode 2777, that group). What differs
-from a cluster, and why:
-- the image's venv /opt/graphmon is this test's venv (PATH), and the work dir is /;
+Everything the run uses is read from those files, not restated here: the image's ENTRYPOINT,
+CMD, ENV and USER; each container's command/args, env and securityContext (uid, gid,
+no_new_privs, capabilities, read-only root); the pods' fsGroup and supplementalGroups; the
+socket volume (an in-memory emptyDir made as kubelet makes it with an fsGroup: tmpfs, mode 2777,
+that group; or a hostPath folder, made root 0755 as DirectoryOrCreate does) and the init
+containers that prepare it. What differs from a cluster, and why:
+- the image's venv /opt/graphmon and its python3 are this test's venv and Python, the work dir /;
 - a private mount namespace makes every mount read-only but /proc, /sys, /dev and the socket
   volume (a container's read-only root: its own mounts stay writable), and a private network
   namespace keeps the manifest's 0.0.0.0:9479 off the machine's network.
 
 Skips (the test says which in its skip reason):
-- not root or no util-linux setpriv: nothing runs (the point is other uids);
+- not root or no util-linux setpriv/unshare/mount: nothing runs (the point is other uids);
 - `unshare --mount --net` refused (a container without CAP_SYS_ADMIN): the users-and-groups part
-  still runs, with the socket in a temporary directory laid out like the volume, a writable root,
-  and GRAPHMON_HOST=127.0.0.1 / GRAPHMON_PORT=0; then the test is reported skipped, naming the
-  parts it could not check.
+  still runs, with the socket volume in a temporary folder (the init containers' commands pointed
+  there), a writable root, and GRAPHMON_HOST=127.0.0.1 / GRAPHMON_PORT=0; then the test is
+  reported skipped, naming the parts it could not check.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve()
 TESTS = HERE.parents[1]
 ROOT = TESTS.parent
-MANIFEST = ROOT / "docker" / "k8s" / "agent-sidecar.yaml"
+K8S = ROOT / "docker" / "k8s"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 IMAGE_VENV = "/opt/graphmon"  # where docker/Dockerfile installs graphmon
 
@@ -84,40 +87,49 @@ def dockerfile_config(text: str) -> dict:
     return cfg
 
 
-def sidecar_spec() -> dict:
-    """The agent's and the engine's processes as the image and the manifest start them."""
+def manifest_spec(name: str) -> dict:
+    """The agent's, its init containers' and the engine's processes as the image and the
+    manifest start them."""
     import yaml
 
     image = dockerfile_config(DOCKERFILE.read_text())
-    (dep,) = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
-    pod = dep["spec"]["template"]["spec"]
-    containers = {c["name"]: c for c in pod["containers"]}
-    pod_sc = pod.get("securityContext") or {}
-    pod_groups = [g for g in [pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", [])] if g is not None]
-    volumes = {v["name"]: v for v in pod["volumes"]}
+    pods = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all((K8S / name).read_text())
+            if d and d["kind"] in ("Deployment", "DaemonSet")]
+    where = {c["name"]: (c, pod) for pod in pods for c in pod["containers"]}
     user, _, group = image["user"].partition(":")
 
-    def process(c: dict, default_uid: int, default_gid: int, image_env: dict) -> dict:
-        sc = c.get("securityContext") or {}
+    def process(c: dict, pod: dict, default_uid: int, default_gid: int, image_env: dict) -> dict:
+        sc, pod_sc = c.get("securityContext") or {}, pod.get("securityContext") or {}
         uid, gid = int(sc.get("runAsUser", default_uid)), int(sc.get("runAsGroup", default_gid))
         if sc.get("runAsNonRoot"):
             assert uid != 0, f"{c['name']}: runAsNonRoot with uid 0 would not start"
+        pod_groups = [g for g in [pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", [])] if g is not None]
         (mount,) = c["volumeMounts"]
+        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        caps = sc.get("capabilities") or {}
         return {"env": {**image_env, **{e["name"]: e["value"] for e in c.get("env", [])}},
                 "uid": uid, "gid": gid, "groups": sorted({gid, *pod_groups}),
                 "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
-                "drop_caps": "ALL" in (sc.get("capabilities") or {}).get("drop", []),
+                "drop_caps": "ALL" in caps.get("drop", []), "add_caps": [a.lower() for a in caps.get("add", [])],
                 "read_only_root": bool(sc.get("readOnlyRootFilesystem")),
-                "mount": mount["mountPath"], "volume": volumes[mount["name"]]}
+                "mount": mount["mountPath"], "volume": volume, "fs_group": pod_sc.get("fsGroup")}
 
-    agent_c = containers["graphmon-agent"]
-    agent = process(agent_c, int(user), int(group or user), image["env"])
+    agent_c, agent_pod = where["graphmon-agent"]
+    agent = process(agent_c, agent_pod, int(user), int(group or user), image["env"])
     # Kubernetes: command replaces ENTRYPOINT, args replace CMD
     agent["argv"] = (agent_c.get("command") or image["entrypoint"]) + (
         agent_c["args"] if "args" in agent_c or "command" in agent_c else image["cmd"])
+    init = []
+    for c in agent_pod.get("initContainers", []):
+        p = process(c, agent_pod, int(user), int(group or user), image["env"])
+        p["argv"] = c["command"] + c.get("args", [])
+        init.append(p)
     # vllm/vllm-openai sets no USER: its processes run as root unless the manifest says otherwise
-    engine = process(containers["engine"], 0, 0, {})
-    return {"agent": agent, "engine": engine, "fs_group": pod_sc.get("fsGroup")}
+    engine = process(*where["engine"], 0, 0, {})
+    for p in (agent, engine):
+        host = p["volume"].get("hostPath")
+        assert not host or host["path"] == p["mount"], "a hostPath is mounted at its own path here"
+    return {"manifest": name, "agent": agent, "init": init, "engine": engine}
 
 
 # ------------------------------------------------------------------ the test
@@ -135,13 +147,12 @@ def _namespaces_problem() -> str | None:
     return None if r.returncode == 0 else f"`unshare --mount --net` failed ({r.stderr.strip() or r.returncode})"
 
 
-def test_sidecar_as_shipped_serves_a_root_engine_and_refuses_others():
-    import pytest
-
+@pytest.mark.parametrize("manifest", ["agent-sidecar.yaml", "agent-daemonset.yaml"])
+def test_agent_as_shipped_serves_a_root_engine_and_refuses_others(manifest):
     problem = _problem()
     if problem:
         pytest.skip(problem)
-    spec = sidecar_spec()
+    spec = manifest_spec(manifest)
     ns_problem = _namespaces_problem()
     spec["isolated"] = ns_problem is None
     spec["venv_bin"] = str(Path(sys.executable).parent)
@@ -183,6 +194,7 @@ def test_sidecar_as_shipped_serves_a_root_engine_and_refuses_others():
     assert len(other_says) == 1 and "permission denied" in other_says[0] and "--allow-gid" in other_says[0], diag
     # SIGTERM (a pod's stop): exit 0, socket removed
     assert res["agent_exit"] == 0 and res["socket_dir_after"] == [], diag
+    assert res["init_exits"] == [0] * len(spec["init"]), diag
     if not spec["isolated"]:
         pytest.skip(f"ran the users-and-groups part only: {ns_problem}, so the read-only root, the manifest's "
                     "socket path and its 0.0.0.0:9479 were not checked")
@@ -243,16 +255,26 @@ def _lo_up() -> None:
     s.close()
 
 
-def _emptydir(path: str, volume: dict, fs_group) -> None:
-    """kubelet's emptyDir: medium Memory is a tmpfs; with an fsGroup it is mode 2777 in that group."""
-    opts = ["mode=2777" if fs_group is not None else "mode=0777"]
-    if fs_group is not None:
-        opts.append(f"gid={fs_group}")
-    size = (volume.get("emptyDir") or {}).get("sizeLimit")
-    if size:
-        opts.append("size=" + size.replace("Mi", "m").replace("Gi", "g"))
-    if (volume.get("emptyDir") or {}).get("medium") == "Memory":
-        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(opts), "tmpfs", path], check=True)
+def _make_volume(path: str, volume: dict, fs_group, isolated: bool) -> None:
+    """The socket volume as kubelet makes it. emptyDir: mode 0777, with an fsGroup 2777 in that
+    group (medium Memory: a tmpfs). hostPath DirectoryOrCreate: a root 0755 folder if none."""
+    if "emptyDir" in volume:
+        mode = 0o2777 if fs_group is not None else 0o777
+        if isolated:
+            opts = [f"mode={mode:o}"] + ([f"gid={fs_group}"] if fs_group is not None else [])
+            size = volume["emptyDir"].get("sizeLimit")
+            if size:
+                opts.append("size=" + size.replace("Mi", "m").replace("Gi", "g"))
+            assert volume["emptyDir"].get("medium") == "Memory", volume
+            subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(opts), "tmpfs", path], check=True)
+        if fs_group is not None:
+            os.chown(path, -1, fs_group)
+        os.chmod(path, mode)
+    elif "hostPath" in volume:
+        assert volume["hostPath"].get("type") == "DirectoryOrCreate", volume
+        os.chmod(path, 0o755)
+        if isolated:  # its own mount, so that it stays writable when the root goes read-only
+            subprocess.run(["mount", "--bind", path, path], check=True)
     else:
         raise RuntimeError(f"unsupported volume {volume}")
 
@@ -262,11 +284,12 @@ def _isolate(spec: dict) -> bool:
     mount = spec["agent"]["mount"]
     _lo_up()
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-    # the image's /run is part of its read-only root: a tmpfs here holds the mount point only
+    # the image's /run is part of its read-only root (the node's for a hostPath): a tmpfs here
+    # holds the mount point only
     parent = os.path.dirname(mount)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", parent], check=True)
     os.makedirs(mount)
-    _emptydir(mount, spec["agent"]["volume"], spec["fs_group"])
+    _make_volume(mount, spec["agent"]["volume"], spec["agent"]["fs_group"], True)
     keep = ("/proc", "/sys", "/dev", mount)
     with open("/proc/self/mountinfo") as fh:
         points = [line.split()[4].encode().decode("unicode_escape") for line in fh]
@@ -300,18 +323,29 @@ def _driver(spec: dict) -> dict:
     if spec["isolated"]:
         out["root_read_only"] = _isolate(spec)
         sock = env["GRAPHMON_AGENT"]
-    else:  # a directory laid out like the volume; loopback and any free port
+    else:  # a folder made like the volume; loopback and any free port
         d = tempfile.mkdtemp(prefix="graphmon-sidecar-")
         os.chmod(d, 0o755)
         vol = os.path.join(d, os.path.basename(agent_spec["mount"]))
         os.mkdir(vol)
-        if spec["fs_group"] is not None:
-            os.chown(vol, -1, spec["fs_group"])
-        os.chmod(vol, 0o2777)
+        _make_volume(vol, agent_spec["volume"], agent_spec["fs_group"], False)
         sock = env["GRAPHMON_AGENT"] = os.path.join(vol, os.path.basename(env["GRAPHMON_AGENT"]))
         env["GRAPHMON_HOST"], env["GRAPHMON_PORT"] = "127.0.0.1", "0"
     out["socket"] = sock
     vol = os.path.dirname(sock)
+
+    # the init containers (the DaemonSet's: give the host folder to the socket's group)
+    out["init_exits"] = []
+    for c in spec["init"]:
+        argv = [spec["python"] if a == "python3" else a.replace(c["mount"], vol) for a in c["argv"]]
+        caps = ["--inh-caps=-all", "--bounding-set=" + ",".join(["-all", *("+" + a for a in c["add_caps"])])]
+        r = subprocess.run(["setpriv", f"--reuid={c['uid']}", f"--regid={c['gid']}",
+                            f"--groups={','.join(map(str, c['groups']))}", *(["--no-new-privs"] if c["no_new_privs"] else []),
+                            *(caps if c["drop_caps"] else []), "--", *argv], capture_output=True, text=True, cwd="/",
+                           env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+        out["init_exits"].append(r.returncode)
+        if r.returncode:
+            raise RuntimeError(f"init container {argv}: {r.stderr}")
 
     # the agent, as the image and the manifest start it
     check = subprocess.run(["setpriv", f"--reuid={agent_spec['uid']}", f"--regid={agent_spec['gid']}", "--clear-groups",
