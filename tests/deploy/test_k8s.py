@@ -160,6 +160,26 @@ def test_agent_shares_the_socket_with_the_engine_and_owns_the_port(name):
     assert gid in _supplementary_groups(engine_pod)
 
 
+def test_socket_gid_is_one_flag_and_out_folders_are_made(tmp_path):
+    out = tmp_path / "my-manifests" / "prod"  # not there yet: `--out my-manifests/` as the docs say
+    res = subprocess.run([sys.executable, str(K8S / "generate.py"), "--socket-gid", "2000", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (dep,) = yaml.safe_load_all((out / "agent-sidecar.yaml").read_text())
+    ds, engine = [d for d in yaml.safe_load_all((out / "agent-daemonset.yaml").read_text()) if d]
+    pods = {"sidecar": dep["spec"]["template"]["spec"], "daemonset": ds["spec"]["template"]["spec"],
+            "engine": engine["spec"]["template"]["spec"]}
+    assert pods["sidecar"]["securityContext"] == {"fsGroup": 2000}
+    assert pods["engine"]["securityContext"] == {"supplementalGroups": [2000]}
+    for pod in (pods["sidecar"], pods["daemonset"]):
+        agent = [c for c in pod["containers"] if c["name"] == "graphmon-agent"][0]
+        assert _env(agent)["GRAPHMON_AGENT_ALLOW_GIDS"] == "2000" and agent["securityContext"]["runAsGroup"] == 2000
+    assert "os.chown('/run/graphmon', 0, 2000)" in pods["daemonset"]["initContainers"][0]["command"][2]
+    bad = subprocess.run([sys.executable, str(K8S / "generate.py"), "--socket-gid", "-1", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a group id" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_daemonset_prepares_the_host_folder_for_the_agent():
     (ds, engine) = _docs("agent-daemonset.yaml")
     spec = ds["spec"]["template"]["spec"]
