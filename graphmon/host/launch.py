@@ -228,11 +228,11 @@ def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = 
     ``socket_path``'s directory must exist (a shared volume): nothing but the socket is written."""
     agent_kw, _ = _split(settings)
     agent, server, port = start_agent(agent_kw, socket_path=socket_path, peers=peers)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that says it is ready
+        signal.signal(sig, lambda *_: done.set())
     print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
           f"{AGENT_ENV}={agent.socket_path} (allowed: {agent.listener.peers.describe()})", file=sys.stderr, flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     try:
         done.wait()
     finally:
