@@ -99,7 +99,7 @@ class PeerPolicy:
 
     def hint(self, uid: int) -> str:
         """What would let a refused peer in."""
-        group = (f"run the process with group {self.gids[0]} (Kubernetes: the pod's fsGroup {self.gids[0]})"
+        group = (f"run the process with group {self.gids[0]} (Kubernetes: fsGroup or supplementalGroups {self.gids[0]})"
                  if self.gids else "give the agent --allow-gid GID (GRAPHMON_AGENT_ALLOW_GIDS, e.g. the pod's fsGroup) "
                  "and the process that group")
         return f"start the agent with --allow-uid {uid} ({ALLOW_UIDS_ENV}={uid}), or {group}"
@@ -124,8 +124,12 @@ def _remove_stale_socket(path: str) -> None:
     probe.settimeout(1.0)
     try:
         probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError, PermissionError):
-        pass  # nobody listens (or it is another user's dead socket): stale
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # nobody listens: stale
+    except PermissionError:
+        raise PermissionError(errno.EACCES, f"{path} belongs to uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):04o}) "
+                              "and this agent cannot tell whether it is still in use: remove it, or run the agent "
+                              "as that user") from None
     except OSError:
         raise OSError(errno.EADDRINUSE, f"another agent is listening on {path}") from None
     else:
@@ -143,7 +147,14 @@ def bind_socket(path: str, peers: PeerPolicy, explicit: bool) -> socket.socket:
     path's directory must exist (a mounted volume): the agent writes nothing but the socket."""
     if explicit:
         d = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(d):
+        try:
+            is_dir = stat.S_ISDIR(os.stat(d).st_mode)
+        except FileNotFoundError:
+            is_dir = False
+        except PermissionError:
+            raise PermissionError(errno.EACCES, f"cannot reach directory {d}: permission denied on a folder above it "
+                                  f"(the agent runs as uid {os.getuid()})") from None
+        if not is_dir:
             raise FileNotFoundError(errno.ENOENT, f"directory {d} does not exist (the agent does not create it: "
                                     "mount the volume shared with the engine there)")
     _remove_stale_socket(path)

@@ -62,7 +62,10 @@ def test_private_default_socket_is_0600_in_a_0700_directory():
     assert not os.path.exists(os.path.dirname(lst.path))
 
 
-def test_stale_socket_is_replaced_a_live_one_or_another_file_is_not(tmp_path):
+def test_stale_socket_is_replaced_a_live_one_or_another_file_is_not(shared_dir):
+    from pathlib import Path
+
+    tmp_path = Path(shared_dir)
     path = tmp_path / "agent.sock"
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(path))
@@ -75,6 +78,19 @@ def test_stale_socket_is_replaced_a_live_one_or_another_file_is_not(tmp_path):
         assert lst._sock.fileno() >= 0 and os.path.exists(path)
     finally:
         lst.close()
+    if os.geteuid() == 0 and shutil.which("setpriv"):  # another user's socket: cannot tell if it is live, left alone
+        os.chmod(tmp_path, 0o777)
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.bind(str(path))
+        gone.close()
+        os.chmod(path, 0o600)
+        code = ("from graphmon.sources.remote import AgentListener\n"
+                "AgentListener(__import__('sys').argv[1], on_connect=print, on_close=print)")
+        r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c",
+                            code, str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "belongs to uid 0 (mode 0600) and this agent cannot tell" in r.stderr, r.stderr
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        path.unlink()
     path.write_text("not a socket")
     with pytest.raises(FileExistsError, match="is not a socket"):
         _listener(path)
@@ -82,13 +98,18 @@ def test_stale_socket_is_replaced_a_live_one_or_another_file_is_not(tmp_path):
 
 
 @AS_ROOT
-def test_a_socket_folder_the_agent_cannot_write_is_one_clear_error(shared_dir):
+def test_a_socket_folder_the_agent_cannot_reach_or_write_is_one_clear_error(shared_dir, tmp_path):
     code = ("from graphmon.sources.remote import AgentListener\n"
             "AgentListener(__import__('sys').argv[1], on_connect=print, on_close=print)")
     r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", code,
                         os.path.join(shared_dir, "agent.sock")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and (f"PermissionError: [Errno 13] cannot create a socket in {shared_dir} "
                                   f"(uid 0 gid 0 mode 0755): the agent runs as uid {NOBODY} groups [{NOBODY}]") in r.stderr
+    hidden = tmp_path / "volume"  # pytest's tmp_path lies under a 0700 folder of root's
+    hidden.mkdir()
+    r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", code,
+                        str(hidden / "agent.sock")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"cannot reach directory {hidden}: permission denied" in r.stderr, r.stderr
 
 
 def test_socket_is_0660_in_the_first_allowed_group(tmp_path):
@@ -197,7 +218,7 @@ def test_group_mode_lets_members_in_by_a_supplementary_group(shared_dir):
         assert _peer(lst.path, 1001, 1001) == b"EACCES"  # the kernel keeps non-members out
         os.chmod(lst.path, 0o666)  # past the kernel, the agent's own check still refuses a non-member
         (refusal,) = _frames(_peer(lst.path, 1001, 1001))
-        assert refusal["type"] == "refused" and "group 65534 (Kubernetes: the pod's fsGroup 65534)" in refusal["allow"]
+        assert refusal["type"] == "refused" and "group 65534 (Kubernetes: fsGroup or supplementalGroups 65534)" in refusal["allow"]
         assert lst.rejected["uid"] == 1 and len(connected) == 1
     finally:
         lst.close()
