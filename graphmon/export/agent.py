@@ -25,7 +25,7 @@ from graphmon.export.tracestore import TraceStore
 from graphmon.report.summary import snapshot_graphs
 from graphmon.model.window import CaptureRequest, SourceHealth, Window
 from graphmon.settings import Settings
-from graphmon.sources.remote import STATES, AgentListener, RemoteProcess
+from graphmon.sources.remote import STATES, AgentListener, PeerPolicy, RemoteProcess
 
 log = logging.getLogger("graphmon.agent")
 EMPTY_REASONS = ("no_records", "no_windows")
@@ -69,7 +69,7 @@ class Agent:
     def __init__(self, settings: Optional[Settings] = None, *, socket_path: Optional[str] = None,
                  recorder_factory: Optional[Callable[[dict], Callable[[Window], None]]] = None,
                  keep_gone_s: float = 600.0, heartbeat_lost_s: float = HEARTBEAT_LOST_S,
-                 tick_s: float = 0.2) -> None:
+                 tick_s: float = 0.2, peers: Optional[PeerPolicy] = None) -> None:
         self.settings = settings or Settings()
         self.keep_gone_s = float(keep_gone_s)
         self.heartbeat_lost_s = float(heartbeat_lost_s)
@@ -85,7 +85,7 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changed = threading.Event()
-        self.listener = AgentListener(socket_path, on_connect=self._on_connect, on_close=self._on_close)
+        self.listener = AgentListener(socket_path, on_connect=self._on_connect, on_close=self._on_close, peers=peers)
         self.socket_path = self.listener.path
         self._monitor = threading.Thread(target=self._monitor_loop, name="graphmon-agent-monitor", daemon=True)
 

@@ -33,7 +33,7 @@ MAX_HEADER_BYTES = 4 * 2**20  # names/labels/graphs of one window: far below thi
 MAX_FRAME_BYTES = 512 * 2**20  # a 2M-record window (the collector's default cap) is ~130 MiB
 MAX_NAMES = 1 << 20
 MAX_STRING = 4096  # kernel names are long (mangled templates); label values are cut later
-MESSAGE_TYPES = ("hello", "window", "heartbeat", "capture", "stop", "bye")
+MESSAGE_TYPES = ("hello", "window", "heartbeat", "capture", "stop", "bye", "refused")  # refused: agent -> a peer it will not serve
 _COLS = tuple(("k", k, np.dtype(t).newbyteorder("<")) for k, t in KERNEL_COLUMNS.items()) + tuple(
     ("l", k, np.dtype(t).newbyteorder("<")) for k, t in LAUNCH_COLUMNS.items())
 _GRAPH_FIELDS = {"key": str, "graph_id": int, "exec_handle": int, "upload_mode": str, "upload_stream": int,
