@@ -732,7 +732,7 @@ def start_agent():
     import subprocess
     import tempfile
 
-    sock = os.path.join(tempfile.mkdtemp(prefix="host-impact-"), "agent", "agent.sock")
+    sock = os.path.join(tempfile.mkdtemp(prefix="host-impact-"), "agent.sock")  # the agent creates no folder
     p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", sock],
                          stderr=subprocess.PIPE, text=True)
     p.stderr.readline()  # "serving ... GRAPHMON_AGENT=..." once it listens

@@ -308,10 +308,21 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
+    import os
+
     from graphmon.host.launch import agent_command
+    from graphmon.host.link import AGENT_ENV
+    from graphmon.sources.remote import PeerPolicy
 
     _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
-    return agent_command(_attach_settings(args), socket_path=args.socket)
+    try:
+        peers = PeerPolicy.from_env(uids=",".join(args.allow_uid) if args.allow_uid else None,
+                                    gids=",".join(args.allow_gid) if args.allow_gid else None)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    # the engine's processes read the same variable: one setting names the socket for both sides
+    socket_path = args.socket or os.environ.get(AGENT_ENV) or None
+    return agent_command(_attach_settings(args), socket_path=socket_path, peers=peers)
 
 
 def _add_attach_flags(p: argparse.ArgumentParser) -> None:
@@ -383,8 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
     _add_server_flags(ag, replay=False)
-    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
-                    "temporary directory; use a shared volume for a sidecar)")
+    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (env GRAPHMON_AGENT; "
+                    "default: a private temporary directory). Its directory must exist: a volume shared with the engine")
+    ag.add_argument("--allow-uid", action="append", metavar="UID[,UID]",
+                    help="also accept processes of these uids (repeatable; env GRAPHMON_AGENT_ALLOW_UIDS; "
+                    "the agent's own uid always)")
+    ag.add_argument("--allow-gid", action="append", metavar="GID[,GID]",
+                    help="also accept processes with one of these groups, primary or supplementary (repeatable; env "
+                    "GRAPHMON_AGENT_ALLOW_GIDS); the socket is then 0660 and owned by the first, e.g. the pod's fsGroup")
     ag.set_defaults(func=_cmd_agent, interval_s=None, max_traced_share=None, max_interval_s=None, window_launches=None,
                     window_duration_ms=None,
                     window_interval_s=None, max_drain_ms=None, close=None)

@@ -39,7 +39,7 @@ from graphmon.model.wire import WireError, encode_message
 from graphmon.report.summary import snapshot_graphs
 from graphmon.settings import Settings
 from graphmon.sources.peers import LimitedLog
-from graphmon.sources.remote import STATES, AgentListener, RemoteProcess
+from graphmon.sources.remote import STATES, AgentListener, PeerPolicy, RemoteProcess
 
 log = logging.getLogger("graphmon.agent")
 EMPTY_REASONS = ("no_records", "no_windows")
@@ -56,7 +56,8 @@ class Agent:
     def __init__(self, settings: Optional[Settings] = None, *, socket_path: Optional[str] = None,
                  recorder_factory: Optional[Callable[[dict], Callable[[Window], None]]] = None,
                  keep_gone_s: float = KEEP_GONE_S, heartbeat_lost_s: float = HEARTBEAT_LOST_S,
-                 tick_s: float = 0.2, max_gone_ranks: int = MAX_GONE_RANKS, listener_kwargs: Optional[dict] = None) -> None:
+                 tick_s: float = 0.2, max_gone_ranks: int = MAX_GONE_RANKS, peers: Optional[PeerPolicy] = None,
+                 listener_kwargs: Optional[dict] = None) -> None:
         self.settings = settings or Settings()
         self.keep_gone_s = float(keep_gone_s)
         self.heartbeat_lost_s = float(heartbeat_lost_s)
@@ -89,7 +90,7 @@ class Agent:
         self._ready_cv = threading.Condition()
         self.log = LimitedLog(log)
         self.listener = AgentListener(socket_path, on_connect=self._on_connect, on_close=self._on_close,
-                                      on_window=self._on_window, **(listener_kwargs or {}))
+                                      on_window=self._on_window, peers=peers, **(listener_kwargs or {}))
         self.socket_path = self.listener.path
         self._monitor = threading.Thread(target=self._monitor_loop, name="graphmon-agent-monitor", daemon=True)
         self._ingester = threading.Thread(target=self._ingest_loop, name="graphmon-agent-ingest", daemon=True)

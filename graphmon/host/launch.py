@@ -116,13 +116,16 @@ class AgentStartError(RuntimeError):
     """The agent could not start (port taken, socket path unusable): one line for the user."""
 
 
-def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True):
-    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot."""
+def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True,
+                peers=None):
+    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot.
+    ``peers``: the PeerPolicy of who may connect (default: this uid)."""
     from graphmon.export.agent import Agent
     from graphmon.settings import Settings
 
     try:
-        agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory).start()
+        agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory,
+                      peers=peers).start()
     except OSError as e:
         raise AgentStartError(f"agent socket {socket_path or ''}: {e.strerror or e}") from None
     if not serve:
@@ -220,18 +223,16 @@ def record_command(argv: Sequence[str], output: str, windows: int = 0, settings:
                 print(f"graphmon: recorded {len(rec.traces)} windows to {path}", file=sys.stderr)
 
 
-def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = None) -> int:
-    """``graphmon agent``: serve until SIGTERM/SIGINT (a sidecar or DaemonSet)."""
+def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = None, peers=None) -> int:
+    """``graphmon agent``: serve until SIGTERM/SIGINT (a sidecar or DaemonSet). An explicit
+    ``socket_path``'s directory must exist (a shared volume): nothing but the socket is written."""
     agent_kw, _ = _split(settings)
-    if socket_path:
-        d = os.path.dirname(os.path.abspath(socket_path))
-        os.makedirs(d, mode=0o700, exist_ok=True)
-    agent, server, port = start_agent(agent_kw, socket_path=socket_path)
-    print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
-          f"{AGENT_ENV}={agent.socket_path}", file=sys.stderr, flush=True)
+    agent, server, port = start_agent(agent_kw, socket_path=socket_path, peers=peers)
     done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that says it is ready
         signal.signal(sig, lambda *_: done.set())
+    print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
+          f"{AGENT_ENV}={agent.socket_path} (allowed: {agent.listener.peers.describe()})", file=sys.stderr, flush=True)
     try:
         done.wait()
     finally:

@@ -44,7 +44,7 @@ MAX_FRAME_BYTES = 512 * 2**20  # a 2M-record window (the collector's default cap
 MAX_HELLO_FRAME_BYTES = 64 * 1024
 MAX_NAMES = 1 << 20
 MAX_STRING = 4096  # kernel names are long (mangled templates); label values are cut later
-MESSAGE_TYPES = ("hello", "window", "heartbeat", "capture", "stop", "bye")
+MESSAGE_TYPES = ("hello", "window", "heartbeat", "capture", "stop", "bye", "refused")  # refused: agent -> a peer it will not serve
 # A count a sender reports (per window or cumulative): above 2**53 it is no real count, and it
 # would no longer be exact as the float a metric sample is (10**400 made every scrape fail).
 MAX_COUNT = 2**53

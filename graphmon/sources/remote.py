@@ -1,10 +1,10 @@
 """Agent side of the link: a Unix-socket listener and one Source per connected process.
 
 Each process that replays CUDA graphs connects to the agent's socket (``GRAPHMON_AGENT``),
-says hello (its identity), then sends windows and heartbeats. The socket lives in a private
-directory (0700) and every connection's peer uid is checked (SO_PEERCRED): another user on the
-host can neither connect nor inject windows. Frames are decoded with strict validation
-(graphmon.model.wire).
+says hello (its identity), then sends windows and heartbeats. Where the socket lives and who may
+connect (a :class:`PeerPolicy` of uids and groups, checked with SO_PEERCRED and SO_PEERGROUPS
+before a byte is read) is graphmon.sources.agent_socket. Frames are decoded with strict
+validation (graphmon.model.wire).
 
 A process is its connection. Neither the pid a sender announces nor SO_PEERCRED's pid names it:
 SO_PEERCRED's pid is the peer's pid translated into the agent's pid namespace, 0 when the peer
@@ -34,21 +34,20 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
-import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from graphmon.model.window import CaptureRequest, SourceHealth, Window
 from graphmon.model.wire import (MAX_FRAME_BYTES, MAX_HELLO_FRAME_BYTES, PROCESS_STATES, WIRE_REASONS, FrameReader,
                                  WireError, decode_identity, decode_status, decode_window, encode_message, split_frame)
+from graphmon.sources.agent_socket import (ALLOW_GIDS_ENV, ALLOW_UIDS_ENV, MAX_REFUSAL_LOGS, PeerPolicy,  # noqa: F401
+                                           bind_socket, parse_ids, peer_credentials, peer_groups, private_socket_path)
 from graphmon.sources.base import Sink, Source
 from graphmon.sources.peers import ByteBudget, LimitedLog
 
 log = logging.getLogger("graphmon.agent")
-_UCRED = struct.Struct("3i")  # pid, uid, gid
 STATES = PROCESS_STATES
 # Why a connection was refused or closed before it became a process (a closed set: metric labels).
 REJECT_REASONS = ("uid", "too_many_processes", "unidentified_evicted", "hello_timeout", "bad_hello")
@@ -64,20 +63,6 @@ MAX_QUEUED_WINDOWS = 8
 # Unix socket in well under a second.
 FRAME_TIMEOUT_S = 30.0
 RECV_BYTES = 256 * 1024
-
-
-def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux SO_PEERCRED).
-    The pid is in the agent's pid namespace: 0 for a peer in another one."""
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    return _UCRED.unpack(raw)
-
-
-def private_socket_path(prefix: str = "graphmon-agent-") -> str:
-    """A socket path inside a fresh 0700 directory (mkdtemp creates it 0700)."""
-    d = tempfile.mkdtemp(prefix=prefix)
-    os.chmod(d, 0o700)
-    return os.path.join(d, "agent.sock")
 
 
 class RemoteProcess(Source):
@@ -255,7 +240,8 @@ class AgentListener:
                  max_processes: int = MAX_PROCESSES, max_frame_bytes: Optional[int] = None,
                  max_unidentified: int = MAX_UNIDENTIFIED, hello_timeout_s: float = HELLO_TIMEOUT_S,
                  max_buffered_bytes: int = MAX_BUFFERED_BYTES, max_queued_windows: int = MAX_QUEUED_WINDOWS,
-                 frame_timeout_s: float = FRAME_TIMEOUT_S) -> None:
+                 frame_timeout_s: float = FRAME_TIMEOUT_S, peers: Optional[PeerPolicy] = None) -> None:
+        self.peers = peers or PeerPolicy()
         self.path = path or private_socket_path()
         self._owned_dir = os.path.dirname(self.path) if path is None else None
         self.on_connect, self.on_close, self.on_window = on_connect, on_close, on_window
@@ -271,16 +257,10 @@ class AgentListener:
         self.procs: list[RemoteProcess] = []  # live connections that said hello
         self.unidentified: OrderedDict[RemoteProcess, None] = OrderedDict()  # not yet: oldest first
         self.log = LimitedLog(log)
+        self._refusals_logged: set = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if os.path.exists(self.path):
-            os.unlink(self.path)  # a stale socket from a crashed agent
-        old = os.umask(0o177)
-        try:
-            self._sock.bind(self.path)  # created 0600 under the umask
-        finally:
-            os.umask(old)
+        self._sock = bind_socket(self.path, self.peers, explicit=path is not None)
         self._sock.listen(64)
         self._sock.settimeout(0.2)
         self._thread = threading.Thread(target=self._accept_loop, name="graphmon-agent-accept", daemon=True)
@@ -314,9 +294,28 @@ class AgentListener:
         self.log(logging.WARNING, reason, "graphmon agent: " + msg + " (counted in graphmon_agent_connections_"
                  "rejected_total{reason=\"%s\"})", *args, reason)
 
-    def _peer_allowed(self, pid: int, uid: int, gid: int) -> bool:
-        """Whether a peer may talk to the agent: the agent's own uid."""
-        return uid == os.getuid()
+    def _peer_allowed(self, pid: int, uid: int, gid: int, groups: Iterable[int] = ()) -> bool:
+        return self.peers.allows(uid, gid, groups)
+
+    def _refuse_peer(self, conn: socket.socket, pid: int, uid: int, gid: int, groups: Iterable[int] = ()) -> None:
+        """Count, log once per (uid, gid, groups) at WARNING (a refused process retries every few
+        seconds), tell the process why and what to set, close."""
+        self.rejected["uid"] += 1  # REJECT_REASONS' "uid": a peer whose uid and groups the PeerPolicy does not allow
+        groups = tuple(sorted(set(groups)))
+        key = (uid, gid, groups)
+        first = key not in self._refusals_logged and len(self._refusals_logged) < MAX_REFUSAL_LOGS
+        if first:
+            self._refusals_logged.add(key)
+        reason = f"uid {uid} gid {gid} groups {list(groups)} is not allowed (allowed: {self.peers.describe()})"
+        fix = self.peers.hint(uid)
+        (log.warning if first else log.debug)("graphmon agent: refused a connection from %s%s; to allow it, %s",
+                                              f"pid {pid}, " if pid else "", reason, fix)
+        try:
+            conn.setblocking(False)  # a small frame into an empty buffer; never wait on a refused peer
+            conn.send(encode_message("refused", reason=reason, allow=fix))
+        except OSError:
+            pass
+        conn.close()
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -331,12 +330,12 @@ class AgentListener:
                 continue
             try:
                 pid, uid, gid = peer_credentials(conn)
+                groups = peer_groups(conn)
             except OSError:
                 conn.close()
                 continue
-            if not self._peer_allowed(pid, uid, gid):
-                self._reject("uid", "refused a connection from uid %d (pid %d)", uid, pid)  # never read a byte from it
-                conn.close()
+            if not self._peer_allowed(pid, uid, gid, groups):
+                self._refuse_peer(conn, pid, uid, gid, groups)  # never reads a byte from it
                 continue
             proc = RemoteProcess(conn, pid, budget=self.budget, max_queued_windows=self.max_queued_windows)
             with self._lock:

@@ -1,6 +1,8 @@
 """The process side of the agent link (light collector) against a real agent on a Unix socket."""
 
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -137,3 +139,87 @@ def test_identity_rank_order(monkeypatch):
     assert identity()["rank"] == "1"
     monkeypatch.setenv("RANK", "5")
     assert identity()["rank"] == "5" and identity()["rank_source"] == "RANK"
+
+
+class _RefusingAgent:
+    """A socket that refuses every connection the way the agent does: a "refused" message, close."""
+
+    def __init__(self, path: str) -> None:
+        import threading
+
+        self.connections = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.connections += 1
+            conn.send(encode_message("refused", reason="uid 0 gid 0 groups [] is not allowed (allowed: uid 65534)",
+                                     allow="start the agent with --allow-uid 0"))
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def test_a_refused_link_says_why_once_and_backs_off(tmp_path, caplog):
+    srv = _RefusingAgent(str(tmp_path / "agent.sock"))
+    link = Link(str(tmp_path / "agent.sock"), hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=5.0)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="graphmon.link"):
+            link.start()
+            time.sleep(2.5)
+            link.stop()
+    finally:
+        srv.close()
+    # back-off 0.1, 0.2, 0.4, 0.8 s...: about 5 connections in 2.5 s, not one every 0.1 s
+    assert 2 <= srv.connections <= 7 and link.refusals >= srv.connections - 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "graphmon.link" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "refused this process" in warnings[0] and "(allowed: uid 65534)" in warnings[0]
+    assert "start the agent with --allow-uid 0" in warnings[0]
+
+
+def test_link_warns_once_when_no_agent_listens(tmp_path, caplog):
+    link = Link(str(tmp_path / "nowhere.sock"), hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=0.1)
+    link.unreachable_warn_s = 0.3
+    with caplog.at_level(logging.DEBUG, logger="graphmon.link"):
+        link.start()
+        time.sleep(1.5)
+        link.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "graphmon.link" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and f"no graphmon agent at {tmp_path / 'nowhere.sock'}" in warnings[0]
+    assert link.stats["reconnects"] >= 5
+
+
+LINK_AS_NOBODY = """
+import sys, time
+from graphmon.host.link import Link
+link = Link(sys.argv[1], hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=0.2)
+link.start(); time.sleep(1.5); link.stop()
+print("reconnects", link.stats["reconnects"], file=sys.stderr)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux setpriv "
+                    "to run the link as another uid (root is never denied by a socket's mode)")
+def test_link_denied_by_the_socket_mode_says_what_to_set_once(agent):
+    os.chmod(os.path.dirname(agent.socket_path), 0o755)  # let uid 65534 reach the 0600 socket and be denied there
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                        LINK_AS_NOBODY, agent.socket_path], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.splitlines()
+    denied = [l for l in lines if "permission denied" in l]
+    assert r.returncode == 0 and len(denied) == 1, r.stderr
+    assert "socket uid 0 gid 0 mode 0600" in denied[0] and "--allow-gid" in denied[0]
+    assert int(lines[-1].split()[-1]) >= 3  # it kept retrying, quietly
