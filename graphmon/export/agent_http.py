@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -157,8 +157,11 @@ class AgentMetrics:
 
     def __init__(self, agent: Agent, *, cardinality: str = "full", render_interval_s: float = RENDER_INTERVAL_S,
                  extra_errors: Callable[[], Mapping[str, int]] = dict,
-                 on_error: Optional[Callable[[str, BaseException], None]] = None) -> None:
+                 on_error: Optional[Callable[[str, BaseException], None]] = None,
+                 collectors: Optional[Sequence] = None) -> None:
         self.agent = agent
+        # agent-level collectors (not per rank), rendered at every render: cheap families only
+        self.collectors = list(collectors) if collectors is not None else [AgentHealthCollector(agent)]
         self.cardinality = cardinality
         self.render_interval_s = float(render_interval_s)
         self._extra_errors = extra_errors
@@ -253,7 +256,7 @@ class AgentMetrics:
 
     def _agent_part(self, fmt: str) -> list[Family]:
         try:
-            return render_families(_registry(AgentHealthCollector(self.agent)), fmt)
+            return render_families(_registry(*self.collectors), fmt)
         except Exception as e:
             if self._on_error is not None:
                 self._on_error("scrape", e)
@@ -278,11 +281,14 @@ def status(agent: Agent) -> dict:
 def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S):
     from graphmon.export.server import create_app
 
+    # The agent-level collectors of /metrics (AgentMetrics renders them beside the ranks' pieces at
+    # every render; create_app's own renderer, and its extra_collectors, do not serve the agent).
+    collectors: list = [AgentHealthCollector(agent)]
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
                      settings=agent.settings, extra_status=lambda: status(agent), last_window=agent.last_window_id)
     errors = app.state.errors
     metrics = AgentMetrics(agent, cardinality=agent.settings.cardinality, render_interval_s=render_interval_s,
-                           extra_errors=errors.snapshot, on_error=errors.count)
+                           extra_errors=errors.snapshot, on_error=errors.count, collectors=collectors)
     app.state.renderer.serve_from(metrics)
     app.state.agent_metrics = metrics
     metrics.start(agent._stop)

@@ -189,3 +189,25 @@ def test_an_agent_with_no_process_is_visible():
         parse_openmetrics(render_metrics(ag, OPENMETRICS).decode())
     finally:
         ag.stop()
+
+
+def test_agent_level_collectors_are_rendered_at_every_render(agent):
+    """The deploy verdict's families join /metrics as an agent-level collector."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from graphmon.export.agent_http import AgentHealthCollector
+
+    value = [1.0]
+
+    class Verdict:
+        def collect(self):
+            g = GaugeMetricFamily("graphmon_test_verdict", "A family of another part of the agent.")
+            g.add_metric([], value[0])
+            yield g
+
+    m = AgentMetrics(agent, collectors=[AgentHealthCollector(agent), Verdict()])
+    m.render([TEXT])
+    assert "graphmon_test_verdict 1.0" in m.body(TEXT).decode() and "graphmon_agent_up 1.0" in m.body(TEXT).decode()
+    value[0] = 2.0  # no rank changed: the next render shows it anyway
+    m.render([TEXT])
+    assert "graphmon_test_verdict 2.0" in m.body(TEXT).decode()
