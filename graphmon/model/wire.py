@@ -371,9 +371,15 @@ class FrameReader:
     discarded, never buffered, and counted in ``skipped``; the stream stays in step. A frame
     handed out keeps its reservation: whoever consumes it releases ``len(body)``."""
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, reserve: Optional[Callable[[int], bool]] = None) -> None:
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, reserve: Optional[Callable[[int], bool]] = None,
+                 one_frame: bool = False) -> None:
         self.max_frame_bytes = int(max_frame_bytes)
         self._reserve = reserve
+        # one_frame: hand out one frame and keep the bytes after it unparsed until feed() is called
+        # again (a hello and the window after it often arrive in one read: the window must be
+        # measured against the bound that holds once the hello was accepted)
+        self.one_frame = one_frame
+        self._rest = b""
         self._len = bytearray()  # the 4 length bytes of the next frame, as they arrive
         self._body: Optional[bytearray] = None
         self._have = 0
@@ -383,7 +389,7 @@ class FrameReader:
     @property
     def in_frame(self) -> bool:
         """Part of a frame (its length, body or the bytes of a skipped one) has arrived."""
-        return bool(self._len) or self._body is not None or self._skip > 0
+        return bool(self._len) or self._body is not None or self._skip > 0 or bool(self._rest)
 
     @property
     def buffered(self) -> int:
@@ -391,10 +397,15 @@ class FrameReader:
         return len(self._body) if self._body is not None else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytearray]:
+        if self._rest:
+            data, self._rest = self._rest + bytes(data), b""
         mv = memoryview(data).cast("B")
         out: list[bytearray] = []
         i, n = 0, len(mv)
         while i < n:
+            if out and self.one_frame:
+                self._rest = bytes(mv[i:])  # at most one read's worth
+                break
             if self._skip:
                 k = min(self._skip, n - i)
                 self._skip -= k

@@ -53,6 +53,9 @@ STATES = PROCESS_STATES
 REJECT_REASONS = ("uid", "too_many_processes", "unidentified_evicted", "hello_timeout", "bad_hello")
 # Why a window a process sent was not ingested.
 DROP_REASONS = ("queue_full", "memory", "invalid")
+# Frame errors after which the stream cannot be trusted (or is out of step): the connection is
+# closed. After any other (a window or status that fails validation) it is kept.
+CLOSING_REASONS = ("framing", "too_large", "stalled", "header", "protocol")
 HELLO_TIMEOUT_S = 5.0
 MAX_UNIDENTIFIED = 16
 MAX_PROCESSES = 256
@@ -378,13 +381,13 @@ class AgentListener:
                          proc.identity.get("rank", "?"), proc.identity.get("pid", proc.peer_pid), self.max_processes)
             proc.closed_reason = "too many processes"
             return False
-        reader.max_frame_bytes = self.max_frame_bytes
+        reader.max_frame_bytes, reader.one_frame = self.max_frame_bytes, False
         reader._reserve = proc.reserve
         self.on_connect(proc)
         return True
 
     def _read_loop(self, proc: RemoteProcess) -> None:
-        reader = FrameReader(MAX_HELLO_FRAME_BYTES)
+        reader = FrameReader(MAX_HELLO_FRAME_BYTES, one_frame=True)
         buf = bytearray(RECV_BYTES)
         view = memoryview(buf)
         deadline = time.monotonic() + self.hello_timeout_s
@@ -418,12 +421,7 @@ class AgentListener:
                 proc.last_heard_s = time.time()
                 skipped = reader.skipped
                 frames = reader.feed(view[:n])
-                if reader.skipped != skipped:
-                    for _ in range(reader.skipped - skipped):
-                        proc.count_drop("memory")
-                    self.log(logging.WARNING, "memory", "graphmon agent: dropped a frame of rank %s: the %d-byte "
-                             "budget for buffered frames is full", proc.identity.get("rank", "?"), self.budget.max_bytes)
-                for i, body in enumerate(frames):
+                for i, body in enumerate(frames):  # (the hello's branch may append to frames)
                     reserved = len(body) if proc.said_hello else 0
                     try:
                         header, payload = split_frame(body)
@@ -431,6 +429,7 @@ class AgentListener:
                             if not self._hello(proc, reader, header, payload):
                                 return
                             proc.conn.settimeout(None)
+                            frames += reader.feed(b"")  # what came with the hello, now under the process's bounds
                             continue
                         kind = header["type"]
                         owned, reserved = reserved, 0  # handle() releases or queues them
@@ -444,11 +443,16 @@ class AgentListener:
                     except WireError as e:
                         proc.release(reserved)
                         self._bad_frame(proc, e)
-                        if not proc.said_hello or e.reason in ("framing", "header"):
+                        if not proc.said_hello or e.reason in CLOSING_REASONS:
                             for rest in frames[i + 1:]:  # the stream is out of step or is no process's
                                 if proc.said_hello:
                                     proc.release(len(rest))
                             raise
+                if reader.skipped != skipped:
+                    for _ in range(reader.skipped - skipped):
+                        proc.count_drop("memory")
+                    self.log(logging.WARNING, "memory", "graphmon agent: dropped a frame of rank %s: the %d-byte "
+                             "budget for buffered frames is full", proc.identity.get("rank", "?"), self.budget.max_bytes)
         except TimeoutError:
             if proc.closed_reason:  # evicted meanwhile: counted once, as that
                 return

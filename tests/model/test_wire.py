@@ -269,3 +269,21 @@ def test_a_process_sampling_status_keeps_known_keys_of_known_types():
                 {"idle_unsubscribes": -1}):
         with pytest.raises(WireError, match="sampling"):
             decode_status({"sampling": bad})
+
+
+def test_a_hello_reader_hands_out_one_frame_and_keeps_the_window_after_it():
+    """A light collector sends its hello and its first window back to back: one read often holds
+    both. The window must be measured against the bound that holds after the hello (it was
+    measured against the hello's 64 KiB: a real collector's first connect failed 1 in 4)."""
+    from graphmon.model.wire import MAX_HELLO_FRAME_BYTES
+
+    hello = encode_message("hello", identity={"rank": "0"})
+    win = encode_window(_window(3000))
+    assert len(win) > MAX_HELLO_FRAME_BYTES
+    r = FrameReader(MAX_HELLO_FRAME_BYTES, one_frame=True)
+    (first,) = r.feed(bytes(hello + win[:100]))  # the hello and the start of the window, in one read
+    assert split_frame(first)[0]["type"] == "hello" and r.in_frame
+    r.max_frame_bytes, r.one_frame = 1 << 30, False  # the hello was accepted
+    assert r.feed(b"") == [] and r.buffered == len(win) - 4
+    (w,) = r.feed(bytes(win[100:]))
+    assert len(_decode(bytes(struct.pack("<I", len(w)) + w)).trace) == 3000
