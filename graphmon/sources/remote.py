@@ -128,8 +128,18 @@ class RemoteProcess(Source):
 
     # I/O ----------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
+        """A small control frame (capture, stop), never waiting: a process that does not read its
+        socket must not block the caller (POST /capture runs on the HTTP event loop). A frame that
+        does not fit whole in the socket's buffer is an OSError; a partial one closes the
+        connection (the stream would be out of step)."""
         with self._send_lock:
-            self.conn.sendall(data)
+            try:
+                n = self.conn.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                raise OSError("the process does not read its socket") from None
+            if n < len(data):
+                self.close("the process does not read its socket")
+                raise OSError("the process does not read its socket")
 
     def close(self, reason: str) -> None:
         if not self.closed_reason:

@@ -424,3 +424,23 @@ def test_a_window_queue_is_bounded_per_process_and_drops_are_counted(agent, monk
     gate.set()
     assert wait_until(lambda: agent.snapshots()[0].windows_total == 1 + a.proc.max_queued_windows)
     c.close()
+
+
+def test_a_process_that_never_reads_cannot_block_a_capture(agent):
+    """Old code wrote capture requests with a blocking sendall from POST /capture's handler (on
+    the HTTP event loop): a process that never reads its socket would hang /capture, then
+    /healthz and /metrics, once its socket buffer was full."""
+    from graphmon.model.window import CaptureRequest
+
+    deaf = AgentClient(agent.socket_path, rank="0")
+    deaf.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    assert wait_until(lambda: len(_live(agent)) == 1)
+    t0 = time.monotonic()
+    refused = 0
+    for i in range(5000):  # ~100 bytes each: far past what the socket buffers hold
+        try:
+            agent.capture(CaptureRequest(id=f"c{i:06d}", replays=1))
+        except RuntimeError:
+            refused += 1
+    assert time.monotonic() - t0 < 10 and refused > 0
+    deaf.close()
