@@ -28,8 +28,8 @@ from agentload import MiB, ROOT, AgentProcess, CollectorProcess, Scraper, load_a
 CASES = [(1, 1.0), (8, 1.0), (64, 1.0), (1, 0.0), (8, 0.0), (64, 0.0)]
 
 
-def run_case(n: int, rate_hz: float, seconds: float, records: int = 20_000, log=print) -> dict:
-    agent = AgentProcess()
+def run_case(n: int, rate_hz: float, seconds: float, records: int = 20_000, log=print, tree=None) -> dict:
+    agent = AgentProcess(tree=tree)
     try:
         start = agent.sample()
         load0 = load_average()
@@ -74,7 +74,8 @@ def run_case(n: int, rate_hz: float, seconds: float, records: int = 20_000, log=
             "load_average_start_end": [load0, load_average()],
             "samples": samples,
         }
-        log(f"{n:3d} collectors @ {doc['rate_per_s']}/s: lost {doc['processes_lost']:.0f}, sent {sent}, "
+        doc["code"] = "this tree" if tree is None else str(tree)
+        log(f"[{doc['code']}] {n:3d} collectors @ {doc['rate_per_s']}/s: lost {doc['processes_lost']:.0f}, sent {sent}, "
             f"ingested {doc['windows_ingested']:.0f}, agent dropped {doc['windows_dropped_by_agent']}, link dropped "
             f"{doc['windows_dropped_by_link']}, cpu {doc['agent_cpu_cores']} cores, rss {doc['agent_rss_mib_start_end_max']} "
             f"MiB, scrape p50 {scrape['p50_ms']} p99 {scrape['p99_ms']} ms, load {doc['load_average_start_end']}")
@@ -89,14 +90,17 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=30.0, help="length of each maximum-rate case")
     ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--cases", default="", help="e.g. 1:1,64:max (default: 1, 8, 64 at 1/s and at max)")
+    ap.add_argument("--compare-tree", type=Path, default=None,
+                    help="a checkout of an older graphmon: each case runs its agent too, right before this one's")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "agent-scale.json")
     args = ap.parse_args(argv)
     cases = CASES if not args.cases else [(int(n), 0.0 if r == "max" else float(r))
                                           for n, r in (c.split(":") for c in args.cases.split(","))]
     results = []
     for n, rate in cases:
-        results.append(run_case(n, rate, args.seconds if rate else args.max_seconds, args.records,
-                                log=lambda m: print(m, flush=True)))
+        for tree in ([args.compare_tree] if args.compare_tree else []) + [None]:
+            results.append(run_case(n, rate, args.seconds if rate else args.max_seconds, args.records,
+                                    log=lambda m: print(m, flush=True), tree=tree))
     doc = {
         "what": "one `graphmon agent` (its own process) and N fake collectors (graphmon.host.link.Link over the real "
                 "Unix socket and wire format, windows of whole replays of the real H200 trace) in another process; "

@@ -158,7 +158,8 @@ class CollectorProcess:
 class AgentProcess:
     """`graphmon agent` as shipped, in a process of its own; psutil samples of it."""
 
-    def __init__(self, env: Optional[dict] = None) -> None:
+    def __init__(self, env: Optional[dict] = None, tree: Optional[Path] = None) -> None:
+        """``tree``: a checkout of another graphmon version to run instead (side-by-side runs)."""
         import psutil
 
         self.dir = tempfile.mkdtemp(prefix="graphmon-agent-bench-")
@@ -167,8 +168,9 @@ class AgentProcess:
         self.base = f"http://127.0.0.1:{self.port}"
         self.output: list[str] = []
         cmd = [sys.executable, "-m", "graphmon.cli", "agent", "--socket", self.socket, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, cwd=str(ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        extra = {"PYTHONPATH": str(tree)} if tree is not None else {}
+        self.proc = subprocess.Popen(cmd, cwd=str(tree or ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **extra, **(env or {})}, text=True)
         threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True).start()
         self.ps = psutil.Process(self.proc.pid)
         deadline = time.monotonic() + 60

@@ -59,7 +59,7 @@ CLOSING_REASONS = ("framing", "too_large", "stalled", "header", "protocol")
 HELLO_TIMEOUT_S = 5.0
 MAX_UNIDENTIFIED = 16
 MAX_PROCESSES = 256
-MAX_BUFFERED_BYTES = 256 * 2**20
+MAX_BUFFERED_BYTES = 128 * 2**20
 MAX_QUEUED_WINDOWS = 8
 # A frame must arrive whole within this long of its first byte: a sender that trickles a frame
 # would hold its buffer (and its share of the budget) forever. A window of 2M records crosses a
