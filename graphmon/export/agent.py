@@ -184,7 +184,8 @@ class Agent:
         a.gone_s = now
         if proc.closed_reason != "process said bye" and not self._stop.is_set():
             proc.lost = True
-            self.lost_total += 1
+            with self._lock:  # reader threads close at once (a burst)
+                self.lost_total += 1
             self.log(logging.WARNING, "lost", "graphmon agent: lost rank %s (pid %s): %s", a.rank,
                      proc.identity.get("pid", proc.peer_pid), proc.closed_reason)
         else:

@@ -303,7 +303,8 @@ class AgentListener:
                 pass
 
     def _reject(self, reason: str, msg: str, *args) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        with self._lock:  # reader threads count at once (a += on a dict item is no atomic step)
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self.log(logging.WARNING, reason, "graphmon agent: " + msg + " (counted in graphmon_agent_connections_"
                  "rejected_total{reason=\"%s\"})", *args, reason)
 
@@ -493,13 +494,15 @@ class AgentListener:
     def _bad_frame(self, proc: RemoteProcess, e: WireError) -> None:
         e.counted = True  # type: ignore[attr-defined]
         proc.bad_frames += 1
-        self.frames_rejected[e.reason] = self.frames_rejected.get(e.reason, 0) + 1
+        with self._lock:
+            self.frames_rejected[e.reason] = self.frames_rejected.get(e.reason, 0) + 1
         self.log(logging.WARNING, "frame:" + e.reason, "graphmon agent: refused a frame of rank %s (pid %s): %s",
                  proc.identity.get("rank", "?"), proc.identity.get("pid", proc.peer_pid), str(e)[:200])
 
     def count_bad_window(self, proc: RemoteProcess, e: WireError) -> None:
         """A queued window that did not decode (the ingest thread found out)."""
-        self.frames_rejected[e.reason] = self.frames_rejected.get(e.reason, 0) + 1
+        with self._lock:
+            self.frames_rejected[e.reason] = self.frames_rejected.get(e.reason, 0) + 1
         self.log(logging.WARNING, "frame:" + e.reason, "graphmon agent: dropped a window of rank %s (pid %s): %s",
                  proc.identity.get("rank", "?"), proc.identity.get("pid", proc.peer_pid), str(e)[:200])
 
