@@ -58,6 +58,16 @@ def make(fake=None, **kw):
 wait_for = wait_until  # tests/helpers.py
 
 
+def open_window(fake, src, h, stream=MAIN, timeout_s=5.0):
+    """Windows open on graph launches: launch until the traced window is open (the launches
+    before it are the one that opens it and its reference phase)."""
+    t0 = time.monotonic()
+    while not src.in_window:
+        assert time.monotonic() - t0 < timeout_s, "no window opened"
+        fake.launch(h, stream)
+        time.sleep(0.001)
+
+
 def per_stream_gaps(trace):
     gaps = {}
     order = np.lexsort((trace.start_ns, trace.stream, trace.correlation_id))
@@ -193,7 +203,7 @@ def _one_capture(fake, src, windows, req: CaptureRequest, launches: int):
     h = fake.instantiate(decode_like(1))
     assert wait_for(lambda: src.health().state == "running")
     src.request_capture(req)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     for _ in range(launches):
         fake.launch(h, MAIN)
     assert wait_for(lambda: len(windows) >= 1)
@@ -337,8 +347,7 @@ def test_window_edge_replays_are_excluded_and_counted():
     fake, src, windows = make(observer="off")
     h = fake.instantiate(decode_like(2))
     src.start(windows.append)
-    fake.launch(h, MAIN)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     # a replay that started before the window: simulate with kernels traced but no launch row
     with fake.lock:
         fake._run_graph(h, 424242)
@@ -493,8 +502,7 @@ def test_keep_raw_keeps_the_unfiltered_window():
     fake, src, windows = make(observer="off", keep_raw=True)
     h = fake.instantiate(decode_like(2))
     src.start(windows.append)
-    fake.launch(h, MAIN)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     with fake.lock:
         fake._run_graph(h, 424242)  # traced, but no launch row: excluded from the trace
     with Workload(fake, [h]):
@@ -567,7 +575,7 @@ def test_launch_callbacks_keep_nothing_per_launch():
     fake, src, windows = make(observer="off", window_launches=100_000, window_duration_ms=60_000, interval_s=60.0)
     h = fake.instantiate(decode_like(1))
     src.start(windows.append)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     for _ in range(50):
         fake.launch(h, MAIN)  # warm: stream ids, registry entry
     # the callbacks' code; records.py (decoding buffers, on the collector thread) is left out
@@ -719,14 +727,14 @@ def test_records_sink_ships_unfiltered_records_and_never_assembles(monkeypatch):
     """A light collector's source (records_sink) hands its sink WindowRecords as decoded and
     spends nothing on window-edge filtering or Trace.build: the agent does that. Assembling the
     records later gives the window the in-process path gives (same filtering)."""
-    import graphmon.sources.cupti.collector as collector
+    import graphmon.sources.cupti.closing as closing
     from graphmon.model.edges import assemble
     from graphmon.model.window import WindowRecords
 
     def no(*a, **k):
         raise AssertionError("assembled in the serving process")
 
-    monkeypatch.setattr(collector, "assemble", no)
+    monkeypatch.setattr(closing, "assemble", no)
     fake, src, got = make()
     src.records_sink = True
     src.start(got.append)
@@ -767,19 +775,19 @@ def test_the_collector_yields_the_gil_in_proportion_to_its_work(share):
     # after a piece of C s of CPU the collector sleeps C*(1-share)/share (at least yield_ms), so a
     # host thread that needs the GIL all the time keeps at least 1-share of it
     src = CuptiSource(FakeCupti(), settings=CuptiSettings(gil_share=share, yield_ms=0.1))
-    src._piece_cpu0 = time.thread_time()
+    src.pacer.start_piece()
     c0 = time.thread_time()
     while time.thread_time() - c0 < 0.006:
         pass
     t0 = time.perf_counter()
-    src._yield()
+    src.pacer.pause()
     slept_s = time.perf_counter() - t0
     if share == 1.0:
         assert slept_s < 0.012  # only yield_ms (0.1 ms) and the scheduler (a loaded 2-core CI), not 18 ms
     else:
         assert 0.017 <= slept_s < 0.045  # 3 x 6 ms
     # the next piece is measured from the end of this sleep, not from the piece before
-    assert time.thread_time() - src._piece_cpu0 < 0.002
+    assert time.thread_time() - src.pacer.piece_cpu0 < 0.002
 
 
 def test_a_later_attach_keeps_the_kernel_names_read_by_an_earlier_one():
