@@ -955,3 +955,115 @@ def test_a_first_launch_pending_past_the_quiet_period_is_polled_not_spun():
     assert wait_for(lambda: fake.handler is None, 3)  # launched: nothing pending, quiet long past: idle
     src.stop()
     assert src.registry.get(h).upload_mode == "lazy"
+
+
+# ---------------------------------------------------------------------- windows open on graph launches
+class Enables:
+    """Counts kernel-tracing enables of a fake (set_kernel_activity(True) calls)."""
+
+    def __init__(self, fake):
+        self.n = 0
+        orig = fake.set_kernel_activity
+
+        def spy(on):
+            self.n += bool(on)
+            orig(on)
+
+        fake.set_kernel_activity = spy
+
+
+def test_a_due_window_traces_nothing_until_a_graph_launch_opens_it():
+    # armed: the launch callback on, tracing off, for as long as no graph launches
+    fake, src, windows = make(interval_s=60.0, first_window_s=0.0)
+    enables = Enables(fake)
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    time.sleep(0.3)  # (a timer-opened window would have traced ~200 ms here and closed)
+    assert src.armed and enables.n == 0 and not windows
+    assert fake.launch_callbacks  # on while armed: the next launch opens the window
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    w = windows[0]
+    assert enables.n == 1 and w.trace.n_launches == 6 and len(w.trace) == 6 * 6
+    assert src.phase_log[0]["armed_ms"] >= 300
+
+
+def test_a_warm_up_pause_does_not_push_the_first_data_out():
+    # issue 29: a window that opened on its timer in a compile pause traced nothing, and the
+    # tracing budget then put the next one max_interval_s away: no data for the steady decode
+    # that followed. Now the window waits for launches: the first one after the pause is traced.
+    fake, src, windows = make(interval_s=0.2, first_window_s=0.0, window_duration_ms=50, max_traced_share=0.001,
+                              max_interval_s=30.0)
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    for _ in range(3):  # warm-up replays, then a compile pause longer than a window
+        fake.launch(h, MAIN)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    with Workload(fake, [h]):
+        assert wait_for(lambda: any(len(w.trace) for w in windows), 3)
+    src.stop()
+    assert time.monotonic() - t0 < 2.0
+    assert src.stats["empty_no_launches"] == 0
+
+
+def test_a_window_that_traced_no_launch_spends_no_budget_and_is_counted():
+    # the launches stop right after the reference phase: the traced window gets none
+    fake, src, windows = make(window_launches=2, window_duration_ms=60, interval_s=0.05, first_window_s=0.0,
+                              max_traced_share=1e-6, max_interval_s=3600.0)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    fake.launch(h, MAIN)
+    fake.launch(h, MAIN)  # the reference phase's two launches; then nothing
+    assert wait_for(lambda: len(windows) >= 1)
+    assert windows[0].trace.n_launches == 0 and windows[0].traced_s > 0.05
+    assert src.stats["empty_no_launches"] == 1
+    assert src.stats["interval_s"] == 0.05  # not 60 ms / 1e-6: the next window arms after interval_s
+    assert wait_for(lambda: src.armed)  # ... and it does
+    src.stop()
+
+
+def test_a_window_with_launches_and_no_record_spends_no_budget():
+    fake, src, windows = make(interval_s=0.05, first_window_s=0.0, max_traced_share=1e-9, max_interval_s=3600.0,
+                              window_launches=3)
+    empty = fake.instantiate([])  # a graph whose replays trace no kernel record
+    full = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    with Workload(fake, [empty]):
+        assert wait_for(lambda: len(windows) >= 1)
+        assert windows[0].trace.n_launches == 3 and len(windows[0].trace) == 0
+        assert src.stats["interval_s"] == 0.05 and src.stats["empty_no_launches"] == 0
+    with Workload(fake, [full]):
+        assert wait_for(lambda: any(len(w.trace) for w in windows))
+    src.stop()
+    assert src.stats["interval_s"] == 3600.0  # a window with records spends the budget
+
+
+def test_no_graph_launch_gives_idle_windows_and_never_traces():
+    fake, src, windows = make(interval_s=0.1, first_window_s=0.0)
+    enables = Enables(fake)
+    src.start(windows.append)
+    assert wait_for(lambda: len(windows) >= 3, 3)
+    assert enables.n == 0 and src.stats["idle_windows"] >= 3
+    assert all(w.trace.n_launches == 0 and len(w.trace) == 0 and w.traced_s == 0 for w in windows)
+    assert src.armed and fake.launch_callbacks  # armed again at once: a launch would open a window now
+    src.stop()
+
+
+def test_a_capture_opens_on_a_launch_or_answers_empty_after_its_duration():
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0)
+    enables = Enables(fake)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    src.request_capture(CaptureRequest(id="none", replays=3, duration_ms=150))
+    assert wait_for(lambda: len(windows) >= 1)
+    assert windows[0].capture_id == "none" and windows[0].trace.n_launches == 0 and enables.n == 0
+    src.request_capture(CaptureRequest(id="some", replays=3, duration_ms=2000))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    assert windows[1].capture_id == "some" and windows[1].trace.n_launches == 3 and enables.n == 1
