@@ -18,6 +18,25 @@ capture windows, and records for every window what tells the hypotheses apart:
 - the raw activity buffers (every CUpti_ActivityKernel field, e.g. ``completed`` at byte 32);
 - the generate calls' CUPTI timestamps.
 
+Hypotheses, and what in the file tells them apart (the summary prints each figure):
+1. The first replay traced after each enable: CUPTI's one-time work (0.3-1.1 ms, bench/trace_cost.py)
+   lands inside its first kernel's interval -> flagged replays are launch 0 of their window (in
+   the 16-launch captures too), their longest-over-median kernel is rank 0, ``first_start_rel_on_us``
+   small; ``event_ms`` says whether the GPU really took longer or only the stamps are off.
+2. A launch straddling the open: entered before tracing was on but kept -> ``enter_rel_on_us`` < 0.
+3. The close: a forced flush returns kernels still running with a bogus (non-zero) end ->
+   flagged replays are the last launch, ``last_end_rel_off_us`` > 0; raw buffers' ``completed``.
+4. Two launches under one correlation id (runtime cudaGraphLaunch vs driver cuGraphLaunch ids,
+   or a stuck id) -> ``launches_with_two_enters``, ``replays_with_repeated_nodes``.
+5. cudagraph trees replaying several graphs per step, kernels of one under another's id ->
+   ``distinct_graphs_launched``, ``launches_per_generate``, ``replays_with_several_graph_ids``;
+   and the ``no_trees`` variant.
+6. Programmatic dependent launch: a kernel starting in its predecessor's tail -> negative gaps of
+   a few us at most, between named kernels (``neg_pairs``), not -2 ms.
+7. The analysis grouping records wrongly (fast path vs reference) -> ``fast_vs_reference_differs``.
+8. Eager kernels under a graph launch's correlation id joining its replay ->
+   ``non_graph_records_under_a_launch_corr``.
+
 Variants in one process: ``trees`` (what transformers' compile uses: torch.compile
 reduce-overhead, cudagraph trees) then, if time is left, ``no_trees``
 (torch._inductor.config.triton.cudagraph_trees = False: one cudagraphify per graph, no tree).

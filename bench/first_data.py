@@ -125,6 +125,7 @@ def one_start(client: str, argv: list[str], env_extra: dict, timeout_s: float, k
     t_launch = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--",
                              sys.executable, *argv, tmp, go, *tail], env=env, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp,  # not a checkout: `-m graphmon.cli` imports graphmon from PYTHONPATH
                             start_new_session=True)  # its own group: the whole tree can be ended at once
     out: dict = {"client": client, "cache_dir": "fresh"}
     try:
