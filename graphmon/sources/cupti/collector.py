@@ -106,7 +106,7 @@ class CuptiSource(WindowClose, Source):
             "decode_cpu_max_ms", "hold_cpu_max_ms", "buffers", "traced_ms", "interval_s", "last_window_ms", "last_flush_ms",
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
             "launch_cb_reenabled", "repeated_correlation", "idle_unsubscribes", "resubscribes",
-            "empty_no_launches", "idle_windows", "last_armed_ms"), 0)
+            "empty_no_launches", "idle_windows", "last_armed_ms", "late_stamped_records"), 0)
         self.last_window: Optional[Window] = None
         # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
         # records_sink, the records' columns are reused by the next window: copy what you keep
@@ -359,8 +359,10 @@ class CuptiSource(WindowClose, Source):
             # launch and finish on their own: wait for them, then flush.
             self._disable_tracing()
             drained = not self._stop.is_set() and self._drain()
+            ran_ns = self._now_ns() if drained else 0
         else:
             drained = not self._stop.is_set() and self._drain()
+            ran_ns = self._now_ns() if drained else 0  # every window kernel ended before this
             self._disable_tracing()
         self.pacer.mark("drain")
         self.pacer.start_piece()
@@ -370,11 +372,19 @@ class CuptiSource(WindowClose, Source):
         self._ring = None
         ended = wall_time()
         window_ms = (time.perf_counter() - t0) * 1e3
-        n_records = self._deliver(req, started, ended, window_ms, flush_ms, timer)
+        n_records = self._deliver(req, started, ended, window_ms, flush_ms, timer, ran_ns)
         if self._win.n == 0:
             self.stats["empty_no_launches"] += 1  # traced, and no graph launch came: counted, no budget spent
             return 0.0
         return self._traced_s if n_records > 0 else 0.0
+
+    def _now_ns(self) -> int:
+        """CUPTI's clock now (the kernels' timestamps are on it); 0 when it cannot say."""
+        try:
+            return int(self.api.timestamp_ns())
+        except Exception:
+            self.count_error("timestamp")
+            return 0
 
     def _wait_phase(self, ring: LaunchRing, dur_ms: float) -> None:
         deadline = time.perf_counter() + dur_ms / 1e3

@@ -84,14 +84,20 @@ class Ingest:
         CUPTI's non-forced flush returns only buffers whose records are all complete (full or
         not): one incomplete record (a launch traced while the window drained, still queued)
         holds back the window's records in its buffer too (H200: cut replays). A forced flush
-        returns every buffer, incomplete records with zero end times. So once the events say
-        every window launch ran (``drained``) one forced flush returns the window whole (only
-        later launches, outside it, come back incomplete). Otherwise flush without forcing until
-        every window launch (``window_corr``) has records, within ``max_drain_ms``, then force
+        returns every buffer, but not only with zero end times for what is still queued: on the
+        H200 it returned records of kernels that had run 1.3-2 ms before (their CUDA events said
+        so) with the flush's own time as end, CUPTI not having taken them in yet
+        (bench/results/gpu-check-10: the last replay of 12 windows in 60, span = busy = 1.5-2.1
+        ms against 0.14 ms, gaps to -2.0 ms). So a non-forced flush always comes first, in which
+        CUPTI can take in every record whose kernel ran (not yet seen on the GPU: the ends a
+        forced flush still makes up, the collector drops). Once the events say every window launch ran
+        (``drained``), a forced flush then returns the buffers held back (only later launches,
+        outside the window, are still queued). Otherwise it flushes without forcing until every
+        window launch (``window_corr``) has records, within ``max_drain_ms``, then forces
         (``flush_forced``)."""
         t0 = time.perf_counter()
         deadline = t0 + self.settings.max_drain_ms / 1e3
-        forced = drained
+        forced = False
         while True:
             try:
                 self.api.flush(forced=forced)
@@ -99,7 +105,12 @@ class Ingest:
                 self.count_error("flush")
                 break
             self.drain_queue()
-            if forced or stopped() or self.store.has_all(window_corr):
+            if forced or stopped():
+                break
+            if drained:
+                forced = True  # by design, not counted
+                continue
+            if self.store.has_all(window_corr):
                 break
             if time.perf_counter() >= deadline:
                 forced = True

@@ -1068,3 +1068,44 @@ def test_a_capture_opens_on_a_launch_or_answers_empty_after_its_duration():
         assert wait_for(lambda: len(windows) >= 2)
     src.stop()
     assert windows[1].capture_id == "some" and windows[1].trace.n_launches == 3 and enables.n == 1
+
+
+# ---------------------------------------------------------------------- the forced flush's made-up ends
+def test_a_drained_window_is_flushed_without_forcing_so_its_ends_are_real():
+    # H200 (bench/results/gpu-check-10): with the CUDA events saying every window launch had run,
+    # one forced flush returned the last replay's records with the flush's time as end (CUPTI had
+    # not taken them in): span = busy = 1.5-2.1 ms against 0.14 ms. The fake does the same.
+    fake = FakeCupti()
+    fake.forced_flush_stamps_ns = 2_000_000
+    fake, src, windows = make(fake)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    for w in windows:
+        assert per_stream_gaps(w.trace) == {MAIN: {400, 416}, SIDE: {600}}
+        assert w.trace.n_launches == 6 and len(w.trace) == 12 * 6
+    assert src.stats["late_stamped_records"] == 0 and "flush_forced" not in src.health().errors
+
+
+def test_ends_stamped_after_the_launches_ran_are_dropped_and_counted():
+    # when only a forced flush brings the window back (max_drain_ms), the ends it made up are
+    # told apart by time (after the events said the launches ran): their replays are excluded
+    # and counted, never assembled
+    from graphmon.analysis.replays import analyze
+
+    fake = FakeCupti()
+    fake.forced_flush_stamps_ns = 2_000_000
+    real_flush = fake.flush
+    fake.flush = lambda forced=False: real_flush(forced) if forced else fake.flushes.append(False)
+    fake, src, windows = make(fake, max_drain_ms=30)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    t = windows[0].trace
+    assert src.stats["late_stamped_records"] >= 12 * 6 and True in fake.flushes
+    assert len(t) == 0 or (analyze(t).gaps.values >= 0).all()
+    assert t.invalid_total >= 12 * 6  # every window kernel counted, none served with a made-up end
