@@ -37,11 +37,13 @@ Hypotheses, and what in the file tells them apart (the summary prints each figur
 8. Eager kernels under a graph launch's correlation id joining its replay ->
    ``non_graph_records_under_a_launch_corr``.
 
-Variants in one process: ``trees`` (what transformers' compile uses: torch.compile
-reduce-overhead, cudagraph trees) then, if time is left, ``no_trees``
+Variants, one per process (``--variants``): ``trees`` (the default: what transformers' compile uses,
+torch.compile reduce-overhead, cudagraph trees) or ``no_trees``
 (torch._inductor.config.triton.cudagraph_trees = False: one cudagraphify per graph, no tree).
+Switching to ``no_trees`` after ``trees`` in one process hit a device-side assert in an inductor
+kernel on the H200 (gpu-check-10), so a second variant in the same process is refused.
 
-    python bench/diag_replays.py --out DIR            # H200: ~60-85 s, one .npz + a text summary
+    python bench/diag_replays.py --out DIR [--variants no_trees]   # H200: ~60 s, one .npz + a text summary
     python bench/diag_replays.py --out DIR --dry-run  # CPU: the same recording against tests/fake_cupti
     python bench/diag_replays.py --summarize DIR/diag-replays.npz   # the summary again, from the file
 
@@ -614,7 +616,8 @@ def _select_variant(d: dict, vi: int) -> dict:
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="diag-replays-out")
-    ap.add_argument("--variants", default="trees,no_trees", help="trees (transformers' default compile), no_trees")
+    ap.add_argument("--variants", default="trees", help="trees (transformers' default compile) or no_trees: one "
+                                                          "per process (--dry-run: any list)")
     ap.add_argument("--steady-s", type=float, default=12.0, help="seconds of steady generate per variant")
     ap.add_argument("--budget-s", type=float, default=85.0, help="a later variant is skipped past this")
     ap.add_argument("--dry-run", action="store_true", help="CPU: tests/fake_cupti instead of CUPTI and HF")
@@ -624,6 +627,8 @@ def main(argv: Optional[list] = None) -> int:
         text, _ = summarize(args.summarize)
         print(text)
         return 0
+    if not args.dry_run and "," in args.variants:
+        ap.error("one variant per process (a second compile mode in the same process crashed on the H200)")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
     log = Log()

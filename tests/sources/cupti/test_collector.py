@@ -1109,3 +1109,39 @@ def test_ends_stamped_after_the_launches_ran_are_dropped_and_counted():
     assert src.stats["late_stamped_records"] >= 12 * 6 and True in fake.flushes
     assert len(t) == 0 or (analyze(t).gaps.values >= 0).all()
     assert t.invalid_total >= 12 * 6  # every window kernel counted, none served with a made-up end
+
+
+def test_the_h200_windows_late_stamps_are_caught_and_nothing_else():
+    """Real records (tests/data/h200-hf-late-stamps.npz): in 12 windows the last replay's kernels
+    carry times 20-200 us after tracing was switched off, which the CUDA events had said ran
+    before it. Checked against the switch-off time (the drain's moment is just before it): the
+    rule catches every one of them and no other kernel of a window launch; the assembled windows
+    then have no overlap on the stream and no outsized replay."""
+    from graphmon.analysis.replays import analyze
+    from graphmon.model.edges import assemble
+    from graphmon.model.trace import GraphInfo
+    from graphmon.model.window import WindowRecords
+    from graphmon.sources.cupti.closing import unknown_late_ends
+    from graphmon.sources.cupti.records import KernelColumns
+
+    z = np.load(os.path.join(str(DATA), "h200-hf-late-stamps.npz"))
+    caught = []
+    for w in range(int(z["windows"])):
+        k = {c: z[f"w{w}_{c}"].copy() for c in ("start", "end", "stream", "graph_id", "node", "corr")}
+        lc, n = z[f"w{w}_launch_corr"], len(z[f"w{w}_start"])
+        cols = KernelColumns(k["start"], k["end"], k["stream"], np.zeros(n, np.int32), k["graph_id"], k["node"],
+                             k["corr"], np.zeros(n, np.uint64))
+        caught.append(unknown_late_ends(cols, lc, int(z[f"w{w}_off_ns"])))
+        m = len(lc)
+        rec = WindowRecords(
+            kernels={"start_ns": cols.start_ns, "end_ns": cols.end_ns, "stream": cols.stream, "device": cols.device,
+                     "graph_id": cols.graph_id, "graph_node_id": cols.graph_node_id,
+                     "correlation_id": cols.correlation_id, "name_id": np.full(n, -1, np.int32)},
+            launches={"correlation_id": lc, "device": np.zeros(m, np.int32), "graph": np.zeros(m, np.int32),
+                      "launch_ns": np.full(m, -1), "stream": np.full(m, 7), "label": np.full(m, -1, np.int32)},
+            names=[], graphs=[GraphInfo(key="g5", graph_id=5)], started_s=0.0, ended_s=1.0)
+        a = analyze(assemble(rec).trace)
+        assert (a.gaps.values >= -1000).all()
+        assert a.replays.span_ns.max() <= 1.5 * np.median(a.replays.span_ns)
+    # 12 to 62 of the 62 kernels of each of the 12 last replays; none anywhere else
+    assert sum(c > 0 for c in caught) == 12 and sum(caught) == 503
