@@ -537,7 +537,9 @@ def summarize(path: str) -> tuple[str, dict]:
     d = {k: z[k] for k in z.files}
     meta = json.loads(str(d["meta"]))
     lines = [f"diag_replays: {path}", f"meta: {json.dumps({k: meta.get(k) for k in ('torch', 'transformers', 'device', 'variants', 'dry_run')})}",
-             f"collector errors: {meta.get('errors')}"]
+             f"collector errors: {meta.get('errors')}",
+             "collector stats: " + json.dumps({k: (meta.get("stats") or {}).get(k) for k in (
+                 "windows", "late_stamped_records", "empty_no_launches", "idle_windows", "last_flush_ms")})]
     rows = replay_table(d)
     report: dict = {"meta": meta, "variants": {}}
     for vi, variant in enumerate(meta.get("variants", [])):
