@@ -281,10 +281,12 @@ class CuptiSource(WindowClose, Source):
             self.count_error("window_launches_capped")  # more than max_window_launches: the ring decides
         return n_target, min(req.duration_ms or s.capture_max_duration_ms, s.capture_max_duration_ms)
 
-    def _arm(self, req: Optional[CaptureRequest]) -> bool:
+    def _arm(self, req: Optional[CaptureRequest]) -> tuple[bool, Optional[CaptureRequest]]:
         """Wait, tracing nothing, for the graph launch that opens the window: the reference ring
-        takes launches from now on, and its first one wakes the collector. True once it came;
-        False when stopped, or after ``interval_s`` (a capture: its duration) without one."""
+        takes launches from now on, and its first one wakes the collector. (True, the window's
+        capture request) once it came; False when stopped, or after ``interval_s`` (a capture:
+        its duration) without one. A capture asked meanwhile takes the window, and its duration
+        bounds the wait from then on."""
         s = self.settings
         timed = self._timer is not None and self.observer == "events"
         n_target, dur_ms = self._targets(req)
@@ -298,16 +300,19 @@ class CuptiSource(WindowClose, Source):
         deadline = t0 + (dur_ms / 1e3 if req is not None else s.interval_s)
         while self._ref.n == 0:
             now = time.monotonic()
+            if req is None and self._captures:
+                req = self._captures.popleft()
+                deadline = now + self._targets(req)[1] / 1e3
             if self._stop.is_set() or now >= deadline:
                 self._ring = None
                 if self._ref.n == 0 or self._stop.is_set():
-                    return False
+                    return False, req
                 self._ring = self._ref  # a launch came as the wait ended: it opens the window
                 break
             self._wake.wait(min(_ARMED_POLL_S, deadline - now))
             self._wake.clear()
         self.stats["last_armed_ms"] = (time.monotonic() - t0) * 1e3
-        return True
+        return True, req
 
     def _window(self) -> Optional[float]:
         """One window: armed until a graph launch, its reference phase, then traced. Returns the
@@ -316,7 +321,7 @@ class CuptiSource(WindowClose, Source):
         s = self.settings
         req = self._captures.popleft() if self._captures else None
         armed_t0 = time.perf_counter()
-        opened = self._arm(req)
+        opened, req = self._arm(req)
         self.pacer.new_window(self.ingest.wall_s, self.ingest.cpu_s, self.ingest.parts_s)
         if not opened:
             if self._stop.is_set():

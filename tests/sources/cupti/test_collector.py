@@ -1145,3 +1145,16 @@ def test_the_h200_windows_late_stamps_are_caught_and_nothing_else():
         assert a.replays.span_ns.max() <= 1.5 * np.median(a.replays.span_ns)
     # 12 to 62 of the 62 kernels of each of the 12 last replays; none anywhere else
     assert sum(c > 0 for c in caught) == 12 and sum(caught) == 503
+
+
+def test_a_capture_asked_while_armed_is_answered_after_its_own_duration():
+    # armed for a sampling window (interval_s 60: it would wait that long) when a capture comes:
+    # with no launch, the capture's 150 ms bound the wait, not the sampling window's
+    fake, src, windows = make(interval_s=60.0, first_window_s=0.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    t0 = time.monotonic()
+    src.request_capture(CaptureRequest(id="c", replays=3, duration_ms=150))
+    assert wait_for(lambda: len(windows) >= 1, 3)
+    src.stop()
+    assert windows[0].capture_id == "c" and windows[0].trace.n_launches == 0 and time.monotonic() - t0 < 2.0
