@@ -331,6 +331,8 @@ class LightCollector:
                              # windows with no graph launch to open them (not traced), and whether
                              # one waits for a launch now
                              "idle_windows": int(st.get("idle_windows") or 0),
+                             # kernel ends a forced flush made up, dropped (their replays excluded)
+                             "late_stamped_records": int(st.get("late_stamped_records") or 0),
                              "armed": bool(getattr(self.source, "armed", False))}}
 
     def _capture(self, req: CaptureRequest) -> None:

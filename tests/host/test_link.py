@@ -83,6 +83,7 @@ def test_light_collector_status_says_idle_and_empty_windows(tmp_path):
         assert wait_until(lambda: lc._status()["sampling"]["armed"])  # (between two idle windows it re-arms)
         st = lc._status()
         assert st["empty_windows_no_launches"] == 0 and st["empty_windows"] == 0
+        assert st["sampling"]["late_stamped_records"] == 0
         h = fake.instantiate(decode_like(1))
         fake.launch(h, 7)  # opens the window (no event timing: no reference phase), then no launch while traced
         assert wait_until(lambda: lc._status()["empty_windows_no_launches"] == 1)
