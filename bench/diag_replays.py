@@ -495,7 +495,6 @@ def graphmon_view(d: dict) -> dict:
         gids = gids[gids > 0]
         graphs = [GraphInfo(key=f"g{g}", graph_id=int(g)) for g in gids.tolist()]
         index = {g: i for i, g in enumerate(gids.tolist())}
-        n = int(km.sum())
         name = d["k_name"][km]
         kernels = {"start_ns": d["k_start"][km], "end_ns": d["k_end"][km], "stream": d["k_stream"][km],
                    "device": d["k_device"][km].astype(np.int32), "graph_id": d["k_graph_id"][km],
