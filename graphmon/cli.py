@@ -359,7 +359,7 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from graphmon import __version__
+    from graphmon.version import __version__
 
     p = argparse.ArgumentParser(prog="graphmon", description="CUDA-graph kernel-gap monitor")
     p.add_argument("--version", action="version", version=f"graphmon {__version__}")

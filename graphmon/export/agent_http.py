@@ -68,7 +68,7 @@ class AgentHealthCollector:
 
 
 def status(agent: Agent) -> dict:
-    from graphmon import __version__
+    from graphmon.version import __version__
 
     procs = agent.process_status()
     return {"version": __version__, "mode": "agent", "socket": agent.socket_path,

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from graphmon import __version__
+from graphmon.version import __version__
 from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, REPLAY_KINDS, REPLAY_QUANTILES
 from graphmon.export.snapshot import Hist, Snapshot
 

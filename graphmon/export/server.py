@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from graphmon import __version__
+from graphmon.version import __version__
 from graphmon.export.baseline import Baseline
 from graphmon.export.collector import make_registry
 from graphmon.export.exposition import CONTENT_TYPES, MetricsRenderer, negotiate
