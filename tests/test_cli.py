@@ -264,3 +264,22 @@ def test_analyze_json_is_compact_into_a_pipe_and_indented_on_a_terminal(capsys, 
     assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
     text = "".join(tty.parts)
     assert '\n  "graphs": [' in text and json.loads(text) == doc
+
+
+def test_analyze_gaps_near_6e18_ns_keep_their_mean_and_sum(tmp_path, capsys):
+    """Two gaps of ~6e18 ns on one stream: the int64 sum wrapped to -6.4e18 (mean -3.2e18)."""
+    from graphmon.formats.native import write_trace
+    from graphmon.model.trace import GraphInfo, Trace
+
+    big = 6 * 10**18
+    a = np.array([(1, 11, 1), (big, big + 10, 1), (10**9, 10**9 + 10, 2), (big + 10**9, big + 10**9 + 10, 2)], np.int64)
+    t = Trace.build(start_ns=a[:, 0], end_ns=a[:, 1], stream=np.full(4, 7), correlation_id=a[:, 2],
+                    graph_id=np.ones(4, np.int64), device=np.zeros(4, np.int64),
+                    graphs=[GraphInfo(key="g1", graph_id=1, upload_mode="uploaded", label="big")])
+    path = tmp_path / "big.graphmon.npz"
+    write_trace(t, str(path))
+    (s,) = run_json(capsys, path)["graphs"][0]["streams"]
+    assert s["gap_ns"]["sum"] == 2 * big - 21 and s["gap_ns"]["mean"] == pytest.approx(6e18)
+    assert main(["analyze", "--by", "stream", "--no-progress", str(path)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "-" not in row.split()[-4] and row.split()[-4].startswith("6000000000000")  # the mean column
