@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 EXIT_USAGE = 2
+PLOT_MAX_GRAPHS = 12
 
 
 class CliError(Exception):
@@ -57,7 +58,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         tty = sys.stdout.isatty()
         sys.stdout.write(json.dumps(out, indent=2 if tty else None, separators=None if tty else (",", ":")) + "\n")
     else:
-        print("\n\n".join(format_table(d, by=args.by) for d in docs))
+        print("\n\n".join(format_table(d, by=args.by, kernel_width=_kernel_width(args)) for d in docs))
     if args.plot:
         print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 0
@@ -111,7 +112,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         json.dump(json_safe({**result.as_dict(), "boundaries": attr.to_json()}), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(result.format_table() + "\n" + format_attribution(attr))
+        print(result.format_table() + "\n" + format_attribution(attr, _kernel_width(args)))
     if args.plot:
         from graphmon.report.plots_compare import plot_compare
 
@@ -214,7 +215,6 @@ def _warn_if_public(settings) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import logging
     import math
     import signal
 
@@ -240,7 +240,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
     _warn_if_public(settings)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _setup_logging(args)
     exporter = Exporter(source, settings)
     exporter.start()
     print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{sock.getsockname()[1]}/metrics "
@@ -285,6 +285,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     argv = _command_argv(args)
     settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
+    _setup_logging(args)
 
     def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
         _warn_if_public(settings)
@@ -304,6 +305,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     problem = cupti_problem()
     if problem:  # nothing could be recorded: say so before the command starts
         raise CliError(problem)
+    _setup_logging(args)
     return record_command(argv, args.output, windows=args.windows, settings=_attach_settings(args))
 
 
@@ -311,13 +313,43 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from graphmon.host.launch import agent_command
 
     _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
+    _setup_logging(args)
     return agent_command(_attach_settings(args), socket_path=args.socket)
 
 
-def _add_attach_flags(p: argparse.ArgumentParser) -> None:
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="kernel names whole (default: demangled and cut to 60 characters in the middle of their "
+                        "template arguments)")
+
+
+def _kernel_width(args: argparse.Namespace):
+    from graphmon.report.names import KERNEL_WIDTH
+
+    return None if getattr(args, "wide", False) else KERNEL_WIDTH
+
+
+def _record_description() -> str:
+    from graphmon.host.launch import EXIT_FEWER_WINDOWS, EXIT_NOTHING_RECORDED
+
+    return ("Needs cupti-python in graphmon's environment: without it, record exits 2 before starting the command. "
+            "Exit status: the command's own when it failed; else 0 when every attached process sent --windows "
+            "windows (at least one with --windows 0), "
+            f"exit {EXIT_NOTHING_RECORDED} when nothing was recorded (no process attached, or none sent a window: "
+            f"no file written), exit {EXIT_FEWER_WINDOWS} when a process sent fewer windows than --windows (its file "
+            "holds those it sent); each case names the processes and their last state.")
+
+
+def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True) -> None:
+    """run/record flags. ``cupti_flags=False``: the server flags and the command only (the parser
+    of another subcommand: its CUPTI flags are never parsed, so their help is not built)."""
+    _add_server_flags(p, replay=False)
+    _add_log_level(p)
+    if not cupti_flags:
+        p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
+        return
     from graphmon.settings import CuptiSettings
 
-    _add_server_flags(p, replay=False)
     fields = CuptiSettings.model_fields  # the one source of CUPTI defaults (env GRAPHMON_<FIELD> too)
     for name, typ, extra in (("interval_s", float, ""), ("max_traced_share", float, ""), ("max_interval_s", float, ""),
                              ("window_launches", int, ""), ("window_duration_ms", float, ""),
@@ -347,12 +379,47 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from graphmon import __version__
+class _Version(argparse.Action):
+    """--version: graphmon's version and build details (commit, python, numpy, decode path)."""
 
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from graphmon.buildinfo import version_text
+
+        print(version_text())
+        parser.exit()
+
+
+ATTACH_COMMANDS = ("run", "record")  # their CUPTI flags' help comes from graphmon.settings (pydantic)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower,
+                   help="graphmon's log level on stderr (default info; env GRAPHMON_LOG_LEVEL)")
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    import logging
+    import os
+
+    level = (getattr(args, "log_level", None) or os.environ.get("GRAPHMON_LOG_LEVEL") or "info").lower()
+    if level not in LOG_LEVELS:
+        raise CliError(f"GRAPHMON_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (got {level!r})")
+    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger().setLevel(getattr(logging, level.upper()))
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` (the subcommand about to run) the CUPTI flags of run and
+    record are built only when it is one of them: their help needs graphmon.settings (pydantic,
+    ~130 ms of imports) that analyze and compare never use."""
     p = argparse.ArgumentParser(prog="graphmon", description="CUDA-graph kernel-gap monitor")
-    p.add_argument("--version", action="version", version=f"graphmon {__version__}")
+    p.add_argument("--version", action=_Version, help="show graphmon's version and build details, then exit")
     sub = p.add_subparsers(dest="command", required=True)
+    full = command not in ("analyze", "serve", "agent", "compare", "ab")  # None (every parser) or run/record
 
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
     a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], raw CUPTI .npz, or Nsight Systems .sqlite export")
@@ -362,6 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="boundary: the widest kernel boundaries of each graph")
     a.add_argument("--top", type=int, default=10, help="boundaries listed per graph with --by boundary (default 10)")
     a.add_argument("--plot", metavar="OUT.png|OUT.html", help="draw the gap distributions and a replay timeline")
+    a.add_argument("--graphs", metavar="NAME,...", help="--plot: only these graphs (display name, label or key)")
+    a.add_argument("--max-graphs", type=int, default=PLOT_MAX_GRAPHS,
+                   help=f"--plot: at most this many graphs, the most replayed first; the rest are named on stderr "
+                        f"(default {PLOT_MAX_GRAPHS})")
+    _add_wide(a)
     prog = a.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     prog.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
@@ -373,27 +445,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replay a recorded trace (default) or collect live with CUPTI in this process")
     sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
     _add_server_flags(sv)
+    _add_log_level(sv)
     sv.set_defaults(func=_cmd_serve)
 
     rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)",
                         description="Without cupti-python, run warns and still serves health metrics "
                         "(record refuses with exit 2: it could record nothing).")
-    _add_attach_flags(rn)
+    _add_attach_flags(rn, full or command == "run")
     rn.set_defaults(func=_cmd_run)
 
     ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
     _add_server_flags(ag, replay=False)
+    _add_log_level(ag)
     ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
                     "temporary directory; use a shared volume for a sidecar)")
     ag.set_defaults(func=_cmd_agent, interval_s=None, max_traced_share=None, max_interval_s=None, window_launches=None,
                     window_duration_ms=None,
                     window_interval_s=None, max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file",
-                        description="Needs cupti-python in graphmon's environment: without it, record exits 2 "
-                        "before starting the command.")
+                        description=_record_description() if full else None)
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
-    _add_attach_flags(rc)
+    _add_attach_flags(rc, full or command == "record")
     rc.set_defaults(func=_cmd_record)
 
     cp = sub.add_parser("compare", help="flag per-stream gap regressions between two traces (exit 1 on regression)")
@@ -409,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
     cp.add_argument("--plot", metavar="OUT.png|OUT.html",
                     help="draw per-stream gap distributions before/after and the per-boundary shift")
+    _add_wide(cp)
     cp.set_defaults(func=_cmd_compare)
 
     abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")
@@ -431,24 +505,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from graphmon.host.launch import AgentStartError
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in ``argv`` (the first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _user_errors() -> tuple:
+    """Exceptions that are the user's to fix: one line, exit 2. AgentStartError only once
+    graphmon.host.launch was imported (nothing else raises it)."""
     from graphmon.model.trace import TraceError
 
-    parser = build_parser()
+    launch = sys.modules.get("graphmon.host.launch")
+    return (TraceError, CliError) + ((launch.AgentStartError,) if launch is not None else ())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (TraceError, CliError, AgentStartError) as e:
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            if isinstance(e, FileNotFoundError):
+                print(f"graphmon: error: {e.filename}: no such file", file=sys.stderr)
+                return EXIT_USAGE
+            if isinstance(e, BrokenPipeError):
+                return 0
+            raise
         print(f"graphmon: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except FileNotFoundError as e:
-        print(f"graphmon: error: {e.filename}: no such file", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

@@ -283,3 +283,77 @@ def test_analyze_gaps_near_6e18_ns_keep_their_mean_and_sum(tmp_path, capsys):
     assert main(["analyze", "--by", "stream", "--no-progress", str(path)]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     assert "-" not in row.split()[-4] and row.split()[-4].startswith("6000000000000")  # the mean column
+
+
+# ---------------------------------------------------------------- issue 29 item 5, issue 28 items 6, 7
+def test_analyze_of_a_kineto_trace_imports_neither_pydantic_nor_tqdm():
+    code = ("import sys, io, contextlib; from graphmon.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['analyze', '--no-progress', {str(KINETO)!r}])\n"
+            "print(rc, sorted(m for m in ('pydantic', 'graphmon.settings', 'tqdm', 'fastapi') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split("\n")[0] == "0 []", r.stdout + r.stderr
+
+
+def test_run_and_record_help_still_show_their_cupti_flags_and_analyze_parses_without_them():
+    from graphmon.cli import build_parser
+
+    p = build_parser("analyze")
+    assert p.parse_args(["analyze", "x.json"]).paths == ["x.json"]
+    for cmd in ("run", "record"):
+        r = subprocess.run([sys.executable, "-m", "graphmon.cli", cmd, "--help"], capture_output=True, text=True)
+        text = " ".join(r.stdout.split())
+        assert r.returncode == 0 and "--window-launches" in text and "env GRAPHMON_WINDOW_LAUNCHES" in text
+
+
+def test_version_names_the_build():
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = {k.strip(): v.strip() for k, v in (ln.split(": ", 1) for ln in r.stdout.splitlines()[1:])}
+    assert r.stdout.startswith("graphmon 0.") and set(lines) >= {"commit", "python", "numpy", "prometheus-client",
+                                                                "decode"}
+    assert lines["numpy"] == np.__version__ and lines["python"].startswith(sys.version.split()[0])
+    head = subprocess.run(["git", "-C", os.path.dirname(__file__), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if head:  # a checkout: its commit, marked dirty when tracked files changed
+        assert lines["commit"].split("-")[0] == head
+    assert lines["decode"] == "native" or "numpy" in lines["decode"] or "off" in lines["decode"]
+
+
+def test_every_long_running_command_takes_log_level(monkeypatch):
+    from graphmon.cli import build_parser
+
+    for cmd in (["serve"], ["agent"], ["run", "--", "x"], ["record", "-o", "x", "--", "x"]):
+        assert build_parser(cmd[0]).parse_args([cmd[0], "--log-level", "WARNING", *cmd[1:]]).log_level == "warning"
+    r = _serve("--port", "0", env={"GRAPHMON_LOG_LEVEL": "loud"})
+    assert r.returncode == 2 and "GRAPHMON_LOG_LEVEL must be one of" in r.stderr
+
+
+@pytest.mark.parametrize("level,shown", [("info", True), ("warning", False)])
+def test_log_level_decides_what_the_agent_logs(level, shown):
+    """The agent logs a process attaching at INFO: shown at --log-level info, not at warning."""
+    tests = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests, os.path.join(tests, "fake_site")]),
+               GRAPHMON_CUPTI_API="cupti:cupti", GRAPHMON_SUBSCRIBE="start")
+    env.pop("GRAPHMON_AGENT", None)
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--log-level", level, "--",
+                        sys.executable, "-c", "import time; time.sleep(1)"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert ("process attached" in r.stderr) == shown, r.stderr
+
+
+def test_boundary_tables_show_demangled_names_cut_in_their_arguments(capsys):
+    assert main(["analyze", "--by", "boundary", "--top", "3", "--no-progress", str(NATIVE)]) == 0
+    text = capsys.readouterr().out
+    rows = [ln for ln in text.splitlines() if " -> " in ln]
+    assert rows and "_Z" not in text
+    assert any("vectorized_elementwise_kernel<8, " in ln for ln in rows)
+    assert main(["analyze", "--by", "boundary", "--top", "3", "--wide", "--no-progress", str(NATIVE)]) == 0
+    wide = capsys.readouterr().out
+    assert "void at::native::vectorized_elementwise_kernel<8, at::native::" in wide and "_Z" not in wide
+
+
+def test_compare_shows_demangled_names(capsys):
+    assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
+    assert "_Z" not in capsys.readouterr().out
