@@ -329,6 +329,7 @@ def _as_int(v: Any, lo: int, hi: int) -> int | str:
 
 
 _META_KEYS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version", "baseTimeNanoseconds", "trace_id")
+TRUNCATED_KEY = "graphmonTruncated"  # graphmon's own Chrome JSON, cut (formats.chrome)
 
 
 def _plain_meta(top: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +339,9 @@ def _plain_meta(top: dict[str, Any]) -> dict[str, Any]:
         v = top.get(k)
         if type(v) is int or (type(v) is str and len(v) < 200):
             out[k] = clean_text(v) if type(v) is str else v
+    cut = top.get(TRUNCATED_KEY)
+    if type(cut) is dict and all(type(cut.get(k)) is int and cut[k] >= 0 for k in ("kernels", "kernels_kept")):
+        out["truncated"] = {"kernels": cut["kernels"], "kernels_kept": cut["kernels_kept"]}
     props = top.get("deviceProperties")
     if type(props) is list:
         devs = {}
@@ -372,7 +376,7 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
                     js.pos += 1
                     found = True
                     _events(js, builder)
-                elif key in _META_KEYS or key == "deviceProperties":
+                elif key in _META_KEYS or key in ("deviceProperties", TRUNCATED_KEY):
                     top[key] = js.value()
                 else:
                     js.value()  # decoded (bounded by max_event_bytes) and dropped

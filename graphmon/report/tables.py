@@ -23,6 +23,10 @@ def format_table(doc: dict, by: str = "graph", kernel_width: int | None = 60) ->
         f"{doc['kernels']} kernels, {doc['replays']} replays, {doc['non_graph_kernels']} outside graphs; "
         f"invalid: {doc['invalid_records'] or 'none'}"
     )
+    cut = doc.get("truncated")
+    if cut:
+        lines.append(f"note: a cut trace: {cut['kernels_kept']} of {cut['kernels']} kernels (whole replays, the "
+                     f"earliest); {cut['complete']} holds them all")
     if by == "boundary":
         from graphmon.report.boundary_tables import format_widest
 
