@@ -68,6 +68,20 @@ def git_commit() -> str:
     return "unknown"
 
 
+def install_hint(extra: str) -> str:
+    """How to add an extra to *this* installation: graphmon is installed from a checkout, so
+    ``pip install '<that checkout>[extra]'`` (``'.[extra]'`` when run from it), with the pip of the
+    Python that runs graphmon; ``graphmon[extra]`` only when it came from a package index."""
+    pip = f"{sys.executable} -m pip install"
+    source = _installed_from()
+    if source is None and os.path.exists(os.path.join(os.path.dirname(_PKG), "pyproject.toml")):
+        source = os.path.dirname(_PKG)  # the source tree itself (on sys.path, or an editable install)
+    if source is None:
+        return f"{pip} 'graphmon[{extra}]'"
+    here = os.path.abspath(os.getcwd()) == os.path.abspath(source)
+    return f"{pip} '{'.' if here else source}[{extra}]'"
+
+
 def decode_path() -> str:
     """How CUPTI records are decoded here: "native" or why numpy (never imports cupti)."""
     try:

@@ -31,6 +31,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     _check_plot_path(args.plot)
     if args.top < 1:
         raise CliError("--top must be >= 1")
+    if args.max_graphs < 1:
+        raise CliError("--max-graphs must be >= 1")
+    if (args.graphs or args.max_graphs != PLOT_MAX_GRAPHS) and not args.plot:
+        raise CliError("--graphs and --max-graphs choose what --plot draws: give --plot OUT.png|OUT.html")
     docs = []
     for path in args.paths:
         trace = read_trace(path, progress=args.progress)
@@ -41,7 +45,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         if args.plot:
             from graphmon.report.plots_compare import plot_analysis
 
-            plot_analysis(trace, args.plot, title=f"graphmon analyze {path}")
+            graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
+            left = plot_analysis(trace, args.plot, title=f"graphmon analyze {path}", graphs=graphs,
+                                 max_graphs=args.max_graphs)
+            if left:
+                shown = ", ".join(left[:20]) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+                print(f"graphmon: --plot left out {len(left)} graph{'s' if len(left) != 1 else ''} (--max-graphs "
+                      f"{args.max_graphs}; choose with --graphs NAME,...): {shown}", file=sys.stderr)
     if args.format == "json":
         if len(docs) == 1:
             out = docs[0]
@@ -77,7 +87,9 @@ def _check_plot_path(path: str | None) -> None:
     try:
         __import__(mod)
     except ImportError:
-        raise CliError(f"--plot {ext} needs {mod}: pip install 'graphmon[ab]'") from None
+        from graphmon.buildinfo import install_hint
+
+        raise CliError(f"--plot {ext} needs {mod}: {install_hint('ab')}") from None
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -116,7 +128,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.plot:
         from graphmon.report.plots_compare import plot_compare
 
-        plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}")
+        plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}",
+                     regressions=result.regressions)
         print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 1 if result.regressions else 0
 
@@ -131,7 +144,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise CliError("graphmon ab needs matplotlib: pip install 'graphmon[ab]'") from None
+        from graphmon.buildinfo import install_hint
+
+        raise CliError(f"graphmon ab needs matplotlib: {install_hint('ab')}") from None
     from graphmon.analysis import ab
     from graphmon.report.ab_files import load_raw, save_raw
     from graphmon.report.jsonsafe import json_safe

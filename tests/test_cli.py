@@ -357,3 +357,29 @@ def test_boundary_tables_show_demangled_names_cut_in_their_arguments(capsys):
 def test_compare_shows_demangled_names(capsys):
     assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
     assert "_Z" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- issue 28 item 8
+def test_compare_of_a_trace_with_itself_has_zero_width_intervals(capsys):
+    assert main(["compare", "--format", "json", str(NATIVE), str(NATIVE)]) == 0
+    streams = json.loads(capsys.readouterr().out)["streams"]
+    assert len(streams) >= 16
+    assert all(s["shift_ns"] == s["ci_low_ns"] == s["ci_high_ns"] == 0 for s in streams)
+    assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.rstrip().endswith("unchanged")]
+    assert rows and all("[+0, +0]" in ln for ln in rows)
+
+
+def test_install_hints_name_this_checkout_not_a_package_index(monkeypatch, capsys):
+    """graphmon is installed from a checkout: `pip install 'graphmon[ab]'` would fetch nothing."""
+    from graphmon.buildinfo import install_hint
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
+    assert main(["analyze", "--plot", "x.html", str(KINETO)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"graphmon: error: --plot .html needs plotly: {install_hint('ab')}"
+    assert "'graphmon[ab]'" not in err and (f"'{root}[ab]'" in err or "'.[ab]'" in err)
+    assert f"{sys.executable} -m pip install" in err
+    monkeypatch.chdir(root)
+    assert install_hint("cupti") == f"{sys.executable} -m pip install '.[cupti]'"

@@ -104,7 +104,9 @@ def cupti_problem() -> Optional[str]:
 
     if os.environ.get(API_ENV) or importlib.util.find_spec("cupti") is not None:
         return None
-    return "cupti-python is not importable in graphmon's environment: pip install 'graphmon[cupti]'"
+    from graphmon.buildinfo import install_hint
+
+    return f"cupti-python is not importable in graphmon's environment: {install_hint('cupti')}"
 
 
 def _split(settings: Optional[dict]) -> tuple[dict, dict]:
