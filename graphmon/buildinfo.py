@@ -8,6 +8,7 @@ wheel carries no commit.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -107,3 +108,14 @@ def version_text() -> str:
     d = details()
     width = max(map(len, d))
     return f"graphmon {__version__}\n" + "\n".join(f"  {k + ':':<{width + 1}} {v}" for k, v in d.items() if k != "graphmon")
+
+
+class VersionAction(argparse.Action):
+    """``--version``: :func:`version_text`, then exit (build details are read only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()

@@ -135,68 +135,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
-    """Run the decode-like A/B on the GPU (or redo the report from --from DIR) and write the report."""
-    import os
+    from graphmon.gpu.ab_command import AbInputError, run_ab_command
 
-    if args.source_dir and not args.out:  # its ab.json/ab.txt/ab.png are often the committed report
-        raise CliError(f"--from {args.source_dir} needs --out DIR (the report would overwrite the one in "
-                       f"{args.source_dir}; give --out {args.source_dir} to do that on purpose)")
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        from graphmon.buildinfo import install_hint
-
-        raise CliError(f"graphmon ab needs matplotlib: {install_hint('ab')}") from None
-    from graphmon.analysis import ab
-    from graphmon.report.ab_files import load_raw, save_raw
-    from graphmon.report.jsonsafe import json_safe
-    from graphmon.report.plots import plot_ab
-
-    if args.source_dir:
-        arms, meta = load_raw(args.source_dir)
-        out = args.out
-    else:
-        from graphmon.gpu.ab_runner import cuda_problem
-
-        problem = cuda_problem()
-        if problem:
-            raise CliError(f"graphmon ab needs {problem} (or --from DIR to redo a report)")
-        if args.instances < 2:
-            raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
-        from graphmon.gpu import ab_runner
-        from graphmon.gpu.workloads import decode_like_arms
-
-        factories = decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
-                                     batch=args.batch)
-        if args.baseline == "lazy":
-            factories = {"lazy": factories["lazy"], "uploaded": factories["uploaded"]}
-        arms = ab_runner.run_ab(factories, instances=args.instances, rounds=args.rounds,
-                                replays_per_block=args.replays, windows=args.windows,
-                                window_replays=args.window_replays, seed=args.seed,
-                                progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
-        meta = {"command": "graphmon " + " ".join(sys.argv[1:]),
-                "workload": {"hidden": args.hidden, "layers": args.layers, "side_streams": args.side_streams,
-                             "batch": args.batch},
-                "design": {"instances": args.instances, "rounds": args.rounds, "replays_per_block": args.replays,
-                           "windows": args.windows, "window_replays": args.window_replays, "seed": args.seed},
-                "gap_source": "torch.profiler (Kineto) windows read by graphmon's Kineto reader",
-                "environment": ab_runner.environment()}
-        out = args.out or "."
-        save_raw(arms, out, meta)
-    result = ab.analyze_ab(arms, meta=meta)
-    os.makedirs(out, exist_ok=True)
-    doc = json_safe(result.as_dict())
-    with open(os.path.join(out, "ab.json"), "w") as fh:
-        json.dump(doc, fh, indent=2)
-    with open(os.path.join(out, "ab.txt"), "w") as fh:
-        fh.write(result.format_table() + "\n")
-    plot_ab(result, os.path.join(out, "ab.png"))
-    if args.format == "json":
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(result.format_table())
-    return 0
+        return run_ab_command(args)
+    except AbInputError as e:
+        raise CliError(str(e)) from None
 
 
 def bundled_trace_path() -> str:
@@ -394,19 +338,6 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
 
 
-class _Version(argparse.Action):
-    """--version: graphmon's version and build details (commit, python, numpy, decode path)."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from graphmon.buildinfo import version_text
-
-        print(version_text())
-        parser.exit()
-
-
 ATTACH_COMMANDS = ("run", "record")  # their CUPTI flags' help comes from graphmon.settings (pydantic)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -432,7 +363,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     record are built only when it is one of them: their help needs graphmon.settings (pydantic,
     ~130 ms of imports) that analyze and compare never use."""
     p = argparse.ArgumentParser(prog="graphmon", description="CUDA-graph kernel-gap monitor")
-    p.add_argument("--version", action=_Version, help="show graphmon's version and build details, then exit")
+    from graphmon.buildinfo import VersionAction
+
+    p.add_argument("--version", action=VersionAction, help="show graphmon's version and build details, then exit")
     sub = p.add_subparsers(dest="command", required=True)
     full = command not in ("analyze", "serve", "agent", "compare", "ab")  # None (every parser) or run/record
 
