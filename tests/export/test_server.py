@@ -435,3 +435,23 @@ def test_collector_info_names_a_replayed_trace_by_its_base_name(name):
     text = TestClient(ex.app).get("/metrics").text
     (line,) = [ln for ln in text.splitlines() if ln.startswith("graphmon_collector_info{")]
     assert 'source="secret.graphmon.npz"' in line and "traces" not in text and "/srv" not in text
+
+
+def test_the_agent_alone_serves_its_process_families_gzipped():
+    """`graphmon agent` with no process attached: process_* of the agent itself (its RSS against the
+    sidecar's memory limit), and gzip for Prometheus, through the same app as serve."""
+    import gzip
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import create_agent_app
+
+    agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
+    try:
+        c = TestClient(create_agent_app(agent))
+        with c.stream("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}) as r:
+            assert r.headers["content-encoding"] == "gzip"
+            text = gzip.decompress(b"".join(r.iter_raw())).decode()
+        rss = [ln for ln in text.splitlines() if ln.startswith("process_resident_memory_bytes ")]
+        assert len(rss) == 1 and float(rss[0].split()[1]) > 10e6 and text.endswith("# EOF\n")
+    finally:
+        agent.stop()
