@@ -354,9 +354,20 @@ def test_boundary_tables_show_demangled_names_cut_in_their_arguments(capsys):
     assert "void at::native::vectorized_elementwise_kernel<8, at::native::" in wide and "_Z" not in wide
 
 
-def test_compare_shows_demangled_names(capsys):
-    assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
-    assert "_Z" not in capsys.readouterr().out
+def test_compare_shows_demangled_names(tmp_path, capsys):
+    """Three boundaries +5 us: compare lists them with their kernels, demangled."""
+    from helpers import widen_at
+
+    from graphmon.formats.native import write_trace
+    from graphmon.formats.read import read_trace
+
+    base = read_trace(NATIVE, progress=False)
+    cur = tmp_path / "cur.graphmon.npz"
+    write_trace(widen_at(base, base.graph_names().index("decode_bs2/no_upload"), 154, [10, 40, 100]), cur)
+    assert main(["compare", str(NATIVE), str(cur)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if " -> " in ln and "WIDE" in ln]
+    assert len(rows) == 3 and not any("_Z" in ln for ln in rows)
+    assert all(re.search(r"[A-Za-z_]+(<.*>)? -> [A-Za-z_]+", ln.split("WIDE", 1)[1]) for ln in rows)
 
 
 # ---------------------------------------------------------------- issue 28 item 8
