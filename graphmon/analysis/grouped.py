@@ -65,9 +65,10 @@ def _counted_order_stats(v: np.ndarray, ranks: np.ndarray) -> np.ndarray | None:
     if span > COUNT_RANGE_PER_VALUE * len(v) + COUNT_RANGE_MIN:
         return None
     shifted = v - v.dtype.type(vmin) if vmin else v  # in [0, span): no wrap, span is small
-    cum = np.cumsum(np.bincount(shifted, minlength=span))
+    cum = np.cumsum(np.bincount(shifted.astype(np.intp, copy=False), minlength=span))  # uint64 too
     # the k-th smallest (from 0) is the first value whose cumulative count exceeds k
-    return (np.searchsorted(cum, ranks, side="right") + vmin).astype(v.dtype)
+    return (np.searchsorted(cum, ranks, side="right").astype(object if v.dtype == np.uint64 else np.int64)
+            + vmin).astype(v.dtype)
 
 
 def grouped_minmax(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

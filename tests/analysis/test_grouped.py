@@ -113,7 +113,7 @@ def _partition_quantiles(vals, offs, qs=(0.1, 0.5, 0.9, 0.99)):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3000), st.integers(-(2**40), 2**40), st.integers(1, 5000)),
                 min_size=1, max_size=5),
-       st.sampled_from([np.int64, np.int32, np.uint32]), st.data())
+       st.sampled_from([np.int64, np.int32, np.uint32, np.uint64, np.int16]), st.data())
 def test_counting_quantiles_are_bit_identical_to_partition(specs, dtype, data):
     """Large integer groups with a small value range take the bincount/cumsum path: the same
     float64 bits as np.partition, for any offset, range, size and integer dtype."""
