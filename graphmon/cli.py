@@ -278,8 +278,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 def _add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
-                   help="kernel names whole (default: demangled and cut to 60 characters in the middle of their "
-                        "template arguments)")
+                   help="kernel names whole (default: demangled and cut to 72 characters from the ends of their "
+                        "longest template arguments, the function name kept)")
 
 
 def _kernel_width(args: argparse.Namespace):
