@@ -277,9 +277,11 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _add_wide(p: argparse.ArgumentParser) -> None:
+    from graphmon.report.names import KERNEL_WIDTH
+
     p.add_argument("--wide", action="store_true",
-                   help="kernel names whole (default: demangled and cut to 72 characters from the ends of their "
-                        "longest template arguments, the function name kept)")
+                   help=f"kernel names whole (default: demangled and cut to {KERNEL_WIDTH} characters from the ends "
+                        "of their longest template arguments, the function name kept)")
 
 
 def _kernel_width(args: argparse.Namespace):
