@@ -95,7 +95,8 @@ def duration_accuracy(durations_ns, inner_span_ns, outer_ns) -> dict:
 def _graphs(a, suffix=""):
     from observer_gpu import chain_graph, chain_layout, decode_graph
 
-    return {"chain": chain_graph(chain_layout(), "chain" + suffix), "decode": decode_graph(a.layers, "decode" + suffix)}
+    make = {"chain": lambda: chain_graph(chain_layout(), "chain" + suffix), "decode": lambda: decode_graph(a.layers, "decode" + suffix)}
+    return {name: make[name]() for name in a.graphs.split(",")}
 
 
 def _warm(graphs) -> None:
@@ -367,9 +368,12 @@ def main(argv=None) -> int:
     ap.add_argument("--window-pairs", type=int, default=4, help="traced block pairs with and without the callback's events")
     ap.add_argument("--switch-n", type=int, default=6, help="replays per graph in each switch step")
     ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--graphs", default="chain,decode", help="which graphs: chain, decode or both")
     a = ap.parse_args(argv)
     if min(a.rounds, a.window_pairs, a.switch_n) < 1 or a.block < 3 or a.sync_n < 3:
         ap.error("--rounds, --window-pairs, --switch-n >= 1; --block, --sync-n >= 3")
+    if not a.graphs or set(a.graphs.split(",")) - {"chain", "decode"}:
+        ap.error("--graphs: chain, decode or chain,decode")
     stages = [s for s in a.stages.split(",") if s]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
