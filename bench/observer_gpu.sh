@@ -30,7 +30,7 @@ run() {  # name, limit_s, command...
   echo "$name: exit $? after $((SECONDS - T0)) s"
   grep -E "^(==|!!)|->|: replay|cost |hf truth|gt_" "$D/$name.log" | tail -30
 }
-run truth ${TRUTH_S:-70} $PY bench/observer_truth.py --out "$D"
-run signal ${SIGNAL_S:-80} $PY bench/replay_signal.py --out "$D"
+run truth ${TRUTH_S:-60} $PY bench/observer_truth.py --out "$D"
+run signal ${SIGNAL_S:-70} $PY bench/replay_signal.py --out "$D"
 run hf ${HF_S:-150} $PY bench/observer_hf.py --out "$D"
 echo "observer: total $((SECONDS - T0)) s"
