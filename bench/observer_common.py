@@ -76,7 +76,7 @@ def fit_line(k, t) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------- one replay's timeline
 class LayoutError(ValueError):
-    """A replay's kernels do not match the graph's known layout (its group sizes on the main stream)."""
+    """A replay's kernels do not match the graph's known layout (its kernels per group)."""
 
 
 def union_busy(start, end, group, n_groups: int) -> np.ndarray:
@@ -105,50 +105,47 @@ def stream_gaps(start, end, stream) -> tuple[np.ndarray, np.ndarray]:
     return gaps, order[:-1][same]
 
 
-def replay_metrics(start, end, stream, main_counts: Sequence[int]) -> dict:
-    """One replay's kernels cut into groups at known points of its main stream.
+def replay_metrics(start, end, stream, node_id, counts: Sequence[int]) -> dict:
+    """One replay's kernels cut into the groups between its in-graph events.
 
-    ``main_counts``: kernels of each group on the main stream (the stream of the replay's first
-    kernel), in order; the last entry is the marker group after the last boundary (it only closes
-    the last group's window). Group g's window runs from its first main-stream kernel's start to
-    group g+1's, so it holds the gap that follows the group too: the same interval as two
-    event-record nodes captured before group g and before group g+1. Per group: window_ns,
-    busy_ns (all streams), kernels, main_kernels, main_gap_sum_ns and main_gaps (gaps after the
-    group's main-stream kernels, the one into the next group included). Per replay (marker
-    excluded): span_ns, busy_ns, idle_ns and the gaps of every stream (gaps_ns)."""
-    start, end, stream = (np.asarray(v, np.int64) for v in (start, end, stream))
-    if len(start) == 0:
-        raise LayoutError("no kernels")
-    order = np.argsort(start, kind="stable")
+    Kernels are put in capture order by their graph node id (CUPTI numbers a graph's nodes as
+    they were captured; on the H200 a 4-stream graph's kernels did not stay on their capture
+    stream's id, so stream ids cannot tell the groups apart) and cut into ``counts`` kernels per
+    group; the last entry is the marker kernel captured after the last event (it only closes the
+    last group's window). Group g's window runs from its earliest kernel start to group g+1's: the
+    interval between the two events captured before the groups, seen by CUPTI. Per group:
+    window_ns, busy_ns (union over streams), kernels, gap_sum_ns and gaps (the gap after each of
+    its kernels on that kernel's stream, the one into the next group included: on one stream,
+    window = busy + gap_sum). Per replay (marker excluded): span_ns, busy_total_ns, idle_ns and the
+    gaps of every stream (gaps_ns)."""
+    start, end, stream, node_id = (np.asarray(v, np.int64) for v in (start, end, stream, node_id))
+    counts = np.asarray(counts, np.int64)
+    if len(start) != counts.sum():
+        raise LayoutError(f"{len(start)} kernels, the layout has {int(counts.sum())}")
+    order = np.argsort(node_id, kind="stable")
     s, e, st = start[order], end[order], stream[order]
-    main = st[0]
-    on_main = st == main
-    ms = s[on_main]
-    counts = np.asarray(main_counts, np.int64)
-    if len(ms) != counts.sum():
-        raise LayoutError(f"{len(ms)} kernels on the main stream, the layout has {int(counts.sum())}")
     n_groups = len(counts) - 1
-    bounds = ms[np.concatenate(([0], np.cumsum(counts)[:-1]))]
-    grp = np.searchsorted(bounds, s, "right") - 1
-    if (grp < 0).any():
-        raise LayoutError("a kernel starts before the first main-stream kernel")
+    grp = np.repeat(np.arange(n_groups + 1), counts)
+    bounds = np.full(n_groups + 1, np.iinfo(np.int64).max)
+    np.minimum.at(bounds, grp, s)
+    ends = np.zeros(n_groups + 1, np.int64)
+    np.maximum.at(ends, grp, e)
+    if (ends[:-1] > bounds[1:]).any():  # the events order the groups: each ends before the next starts
+        raise LayoutError("groups cut in node order overlap in time")
     body = grp < n_groups
     busy = union_busy(s[body], e[body], grp[body], n_groups)
-    kernels = np.bincount(grp[body], minlength=n_groups)
-    main_kernels = counts[:n_groups]
-    # main-stream gaps: kernel i -> i+1 on the main stream, booked to kernel i's group
-    me = e[on_main]
-    mg = ms[1:] - me[:-1]
-    mgrp = grp[on_main][:-1]
-    keep = mgrp < n_groups
-    gap_sum = np.bincount(mgrp[keep], weights=mg[keep], minlength=n_groups)
-    gaps, before = stream_gaps(s[body], e[body], st[body])
+    kernels = counts[:n_groups]
+    gaps_all, before = stream_gaps(s, e, st)  # the marker included: it closes the last group's gap
+    gb = grp[before]
+    keep = gb < n_groups
+    gap_sum = np.bincount(gb[keep], weights=gaps_all[keep], minlength=n_groups)
+    gap_n = np.bincount(gb[keep], minlength=n_groups)
+    gaps, _ = stream_gaps(s[body], e[body], st[body])
     first, last = int(s[body].min()), int(e[body].max())
     busy_all = float(union_busy(s[body], e[body], np.zeros(int(body.sum()), np.int64), 1)[0])
     return {"window_ns": np.diff(bounds).astype(float), "busy_ns": busy, "kernels": kernels,
-            "main_kernels": main_kernels, "main_gap_sum_ns": gap_sum, "main_gaps": np.bincount(mgrp[keep], minlength=n_groups),
-            "main_gaps_ns": mg[keep], "span_ns": float(last - first), "busy_total_ns": busy_all,
-            "idle_ns": float(last - first) - busy_all, "gaps_ns": gaps, "main_stream": int(main),
+            "gap_sum_ns": gap_sum, "gaps": gap_n, "span_ns": float(last - first), "busy_total_ns": busy_all,
+            "idle_ns": float(last - first) - busy_all, "gaps_ns": gaps, "streams": int(len(np.unique(st[body]))),
             "kernel_ns": (e - s)[body], "kernel_group": grp[body], "first_start_ns": first}
 
 
@@ -184,7 +181,9 @@ def compare_groups(e_untraced, e_traced, traced_metrics: list[dict], types: Sequ
     (groups of one label are averaged within a replay). Per label: event times and tracing's
     inflation (ns, %, intervals over replays); CUPTI's window - the event time of the same replay
     (paired); busy; idle untraced (event time - busy: busy taken from CUPTI, i.e. kernels assumed
-    to run as long untraced) and traced (by events, by CUPTI); the same per main-stream gap."""
+    to run as long untraced) and traced (by events, by CUPTI); idle per kernel; CUPTI's mean gap.
+    On one stream every kernel is followed by one gap and idle = the gaps' sum, so idle per
+    kernel is the mean gap, untraced and traced."""
     eu, et = np.asarray(e_untraced, float), np.asarray(e_traced, float)
     types = np.asarray([str(t) for t in types])
     ok = np.array([m is not None for m in traced_metrics], bool)
@@ -194,25 +193,25 @@ def compare_groups(e_untraced, e_traced, traced_metrics: list[dict], types: Sequ
         u, t = eu[:, cols].mean(1), et[:, cols].mean(1)
         r: dict = {"groups": int(cols.sum()), "event_ns": boot_diff(u, t, n_boot=n_boot)}
         if ok.any():
-            w = np.array([m["window_ns"][cols].mean() for m, k in zip(traced_metrics, ok) if k])
-            b = np.array([m["busy_ns"][cols].mean() for m, k in zip(traced_metrics, ok) if k])
-            gs = np.array([m["main_gap_sum_ns"][cols].mean() for m, k in zip(traced_metrics, ok) if k])
-            ng = float(np.mean([m["main_gaps"][cols].mean() for m, k in zip(traced_metrics, ok) if k]))
-            kern = float(np.mean([m["kernels"][cols].mean() for m, k in zip(traced_metrics, ok) if k]))
+            mm = [m for m, k in zip(traced_metrics, ok) if k]
+            w = np.array([m["window_ns"][cols].mean() for m in mm])
+            b = np.array([m["busy_ns"][cols].mean() for m in mm])
+            gs = np.array([m["gap_sum_ns"][cols].sum() / max(m["gaps"][cols].sum(), 1) for m in mm])
+            kern = float(np.mean([m["kernels"][cols].mean() for m in mm]))
             busy = float(np.median(b))
             idle_u, idle_te, idle_tc = u - busy, t[ok] - b, w - b
             r.update({
-                "kernels": kern, "main_gaps": ng, "busy_ns": boot_ci(b, n_boot=n_boot),
+                "kernels": kern, "busy_ns": boot_ci(b, n_boot=n_boot),
                 "cupti_window_ns": boot_ci(w, n_boot=n_boot),
                 "cupti_minus_event_ns": paired(t[ok], w, n_boot=n_boot),
                 "idle_untraced_ns": boot_ci(idle_u, n_boot=n_boot),
                 "idle_traced_event_ns": boot_ci(idle_te, n_boot=n_boot),
                 "idle_traced_cupti_ns": boot_ci(idle_tc, n_boot=n_boot),
                 "idle_inflation": boot_diff(idle_u, idle_tc, n_boot=n_boot),
-                "per_main_gap_ns": {"untraced": float(np.median(idle_u)) / ng if ng else float("nan"),
-                                    "traced_event": float(np.median(idle_te)) / ng if ng else float("nan"),
-                                    "traced_cupti": float(np.median(idle_tc)) / ng if ng else float("nan"),
-                                    "cupti_main_gap_mean": float(np.median(gs)) / ng if ng else float("nan")},
+                "idle_per_kernel_ns": {"untraced": float(np.median(idle_u)) / kern,
+                                       "traced_event": float(np.median(idle_te)) / kern,
+                                       "traced_cupti": float(np.median(idle_tc)) / kern},
+                "cupti_gap_mean_ns": boot_ci(gs, n_boot=n_boot),
             })
         out[label] = r
     return out

@@ -167,11 +167,12 @@ class DriverEvents:
 class EventedGraph:
     """A captured graph with event-record nodes (torch.cuda.Event(external=True) recorded during
     capture) before each group of kernels and after the last, then one marker kernel. ``types``:
-    a label per group; ``main_counts``: kernels per group on the main stream, the marker's 1 last."""
+    a label per group; ``counts``: kernels per group, the marker's 1 last (empty: all groups alike,
+    counted from the records)."""
 
-    def __init__(self, name, graph, exec_handle, inner, types, main_counts, keep, sizes=None, kinds=None):
+    def __init__(self, name, graph, exec_handle, inner, types, counts, keep, sizes=None, kinds=None):
         self.name, self.g, self.exec_handle, self.inner = name, graph, exec_handle, inner
-        self.types, self.main_counts, self._keep = list(types), list(main_counts), keep
+        self.types, self.counts, self._keep = list(types), list(counts), keep
         self.sizes, self.kinds = sizes, kinds
         self.graph_id = -1
 

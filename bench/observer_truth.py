@@ -11,12 +11,13 @@ pair), one synchronize per replay (a decode step waiting for its token). Per gro
   first of the next) against the event time of the same replay: do CUPTI's timestamps show the
   time the events see;
 - busy (CUPTI's union of kernel intervals) and idle = time - busy, untraced (busy taken from the
-  traced records: kernels assumed as long untraced) and traced, and the same per main-stream gap.
+  traced records: kernels assumed as long untraced) and traced; idle per kernel (on one stream:
+  the mean gap, untraced and traced) and CUPTI's mean gap.
 
 Graphs: ``chain`` (one stream; groups of 2, 8 and 32 tiny add_ kernels or fixed-length
 torch.cuda._sleep kernels: a fit over group sizes splits tracing's cost per kernel from the
 boundary's), ``decode`` (decode_server's 4-stream, 48-layer graph with an event before each layer
-on the main stream). The HF torch.compile graph is bench/observer_hf.py (events cannot go inside
+on the main stream). A replay's records are cut into groups in graph-node-id order (capture order). The HF torch.compile graph is bench/observer_hf.py (events cannot go inside
 torch's own graphs).
 
     python bench/observer_truth.py --out DIR [--stages chain,decode] [--pairs 8] [--block 12]
@@ -41,18 +42,15 @@ import observer_common as C  # noqa: E402
 
 
 # ---------------------------------------------------------------------- analysis (pure)
-def infer_main_counts(start, stream, n_groups: int) -> list[int]:
-    """Per-group main-stream kernel counts of a graph whose groups are all alike (decode's layers)
-    plus the marker: from one replay's records."""
-    start, stream = np.asarray(start), np.asarray(stream)
-    main = stream[np.argmin(start)]
-    c = int((stream == main).sum())
-    if n_groups <= 0 or (c - 1) % n_groups:
-        raise C.LayoutError(f"{c} main-stream kernels do not split into {n_groups} equal groups and a marker")
-    return [(c - 1) // n_groups] * n_groups + [1]
+def infer_counts(n_kernels: int, n_groups: int) -> list[int]:
+    """Kernels per group of a graph whose groups are all alike (decode's layers), and the marker:
+    from one replay's kernel count."""
+    if n_groups <= 0 or (int(n_kernels) - 1) % n_groups:
+        raise C.LayoutError(f"{n_kernels} kernels do not split into {n_groups} equal groups and a marker")
+    return [(int(n_kernels) - 1) // n_groups] * n_groups + [1]
 
 
-def traced_metrics(kernels, kblock, n_blocks: int, block: int, main_counts) -> tuple[list, dict]:
+def traced_metrics(kernels, kblock, n_blocks: int, block: int, counts) -> tuple[list, dict]:
     """replay_metrics of every traced replay (block-major order), None where a block's records
     do not hold ``block`` launches or a replay does not fit the layout; and counts of both."""
     k = np.asarray(kernels, np.int64).reshape(-1, 8)
@@ -69,7 +67,7 @@ def traced_metrics(kernels, kblock, n_blocks: int, block: int, main_counts) -> t
         for r in range(block):
             m = idx == r
             try:
-                out.append(C.replay_metrics(kb[m, 0], kb[m, 1], kb[m, 2], main_counts))
+                out.append(C.replay_metrics(kb[m, 0], kb[m, 1], kb[m, 2], kb[m, 4], counts))
             except C.LayoutError:
                 bad["replays_off_layout"] += 1
                 out.append(None)
@@ -82,18 +80,17 @@ def analyze_truth(raw: dict, n_boot: int = C.BOOT) -> dict:
     types = [str(t) for t in raw["types"]]
     G = len(types)
     k = np.asarray(raw["kernels"], np.int64).reshape(-1, 8)
-    main_counts = [int(v) for v in raw["main_counts"]] if len(raw["main_counts"]) else None
-    if main_counts is None:
-        first = k[k[:, 5] == k[:, 5].min()] if len(k) else k
-        main_counts = infer_main_counts(first[:, 0], first[:, 2], G)
-    metrics, bad = traced_metrics(k, raw["kblock"], n_blocks, block, main_counts)
+    counts = [int(v) for v in raw["counts"]] if len(raw["counts"]) else None
+    if counts is None:  # alike groups: from the kernel count of the first traced replay
+        counts = infer_counts(int((k[:, 5] == k[:, 5].min()).sum()) if len(k) else 0, G)
+    metrics, bad = traced_metrics(k, raw["kblock"], n_blocks, block, counts)
     pos_u, pos_t = np.asarray(raw["pos_untraced"]), np.asarray(raw["pos_traced"])
     keep_u, keep_t = pos_u > 0, pos_t > 0  # the first replay of each block apart (the enable's one-time cost)
     iu, it = np.asarray(raw["inner_untraced"], float), np.asarray(raw["inner_traced"], float)
     eu, et = C.group_times_ns(iu), C.group_times_ns(it)
     m_keep = [m for m, kk in zip(metrics, keep_t) if kk]
-    out: dict = {"layout": {"groups": G, "main_counts": main_counts[:G][:4] + ["..."] if G > 4 else main_counts,
-                            "marker": True, "kernels_per_replay": float(np.median([m["kernels"].sum() for m in metrics if m is not None]))
+    out: dict = {"layout": {"groups": G, "kernels_per_group": counts[:G], "marker": True,
+                            "streams": sorted({m["streams"] for m in metrics if m is not None}), "kernels_per_replay": float(np.median([m["kernels"].sum() for m in metrics if m is not None]))
                             if any(m is not None for m in metrics) else None},
                  "records": bad, "groups": C.compare_groups(eu[keep_u], et[keep_t], m_keep, types, n_boot),
                  "replay": C.compare_replays(iu[keep_u, -1] * 1e6, it[keep_t, -1] * 1e6, m_keep, n_boot)}
@@ -150,7 +147,7 @@ def run_graph(cu, graph, pairs: int, block: int, out_dir: str, name: str, extra:
             for key in ("outer", "launch", "step"):
                 a[key].append(r[key + "_us"])
             a["pos"].append(np.arange(block))
-    raw = {"block": block, "blocks_traced": pairs, "types": np.array(graph.types), "main_counts": np.array(graph.main_counts),
+    raw = {"block": block, "blocks_traced": pairs, "types": np.array(graph.types), "counts": np.array(graph.counts, np.int64),
            "kernels": np.concatenate(kernels) if kernels else np.empty((0, 8), np.int64),
            "kblock": np.concatenate(kblock) if kblock else np.empty(0, np.int64)}
     for arm, a in arms.items():
@@ -178,8 +175,9 @@ def _print_summary(name: str, res: dict) -> None:
             continue
         e = g["event_ns"]
         print(f"  {label}: event {e['base']:.0f} -> {e['other']:.0f} ns ({e['pct']:+.1f}%); CUPTI - event "
-              f"{g['cupti_minus_event_ns']['median']:+.0f} ns; per main gap untraced {g['per_main_gap_ns']['untraced']:.0f}, "
-              f"traced (CUPTI) {g['per_main_gap_ns']['traced_cupti']:.0f} ns", flush=True)
+              f"{g['cupti_minus_event_ns']['median']:+.0f} ns; idle per kernel untraced {g['idle_per_kernel_ns']['untraced']:.0f}, "
+              f"traced (CUPTI) {g['idle_per_kernel_ns']['traced_cupti']:.0f} ns; CUPTI mean gap {g['cupti_gap_mean_ns'][0]:.0f} ns",
+              flush=True)
 
 
 def stage_chain(cu, a) -> dict:

@@ -11,9 +11,9 @@ def chain_replay(layout, d_ns, gap_ns, ev_ns, t0=0, corr=1, stream=7):
         events.append(t)
         t += ev_ns
         for _ in range(n):
-            rows.append((t, t + d_ns, stream, 1, 0, corr, 0, 0))
+            rows.append((t, t + d_ns, stream, 1, len(rows), corr, 0, 0))  # node ids in capture order
             t += d_ns + gap_ns
     events.append(t)
     t += ev_ns
-    rows.append((t, t + d_ns, stream, 1, 0, corr, 0, 0))  # the marker
+    rows.append((t, t + d_ns, stream, 1, len(rows), corr, 0, 0))  # the marker
     return np.array(rows, np.int64), (np.array(events) - events[0]) / 1e6

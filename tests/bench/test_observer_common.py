@@ -51,26 +51,35 @@ def test_union_busy_merges_overlaps_across_streams_per_group():
 def test_replay_metrics_windows_equal_the_event_groups_on_a_chain():
     layout = [("add", 2), ("add", 8), ("sleep", 32)]
     k, ev = chain_replay(layout, d_ns=1000, gap_ns=300, ev_ns=500)
-    m = C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], [2, 8, 32, 1])
+    m = C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], k[:, 4], [2, 8, 32, 1])
     assert np.allclose(m["window_ns"], C.group_times_ns(ev[None])[0])  # CUPTI's window = the event time
     assert m["busy_ns"].tolist() == [2000, 8000, 32000]
-    assert m["main_gaps"].tolist() == [2, 8, 32]
+    assert m["gaps"].tolist() == [2, 8, 32]
     # every gap is 300 except the one into the next group, which holds the event node too
-    assert m["main_gap_sum_ns"].tolist() == [2 * 300 + 500, 8 * 300 + 500, 32 * 300 + 500]
+    assert m["gap_sum_ns"].tolist() == [2 * 300 + 500, 8 * 300 + 500, 32 * 300 + 500]
+    assert np.allclose(m["window_ns"], m["busy_ns"] + m["gap_sum_ns"])  # one stream
     assert m["span_ns"] == m["busy_total_ns"] + m["idle_ns"]
     with pytest.raises(C.LayoutError):
-        C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], [2, 8, 31, 1])
+        C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], k[:, 4], [2, 8, 31, 1])
+    shuffled = np.random.default_rng(0).permutation(len(k))  # record order does not matter, node ids do
+    m2 = C.replay_metrics(k[shuffled, 0], k[shuffled, 1], k[shuffled, 2], k[shuffled, 4], [2, 8, 32, 1])
+    assert m2["window_ns"].tolist() == m["window_ns"].tolist()
 
 
-def test_replay_metrics_books_side_streams_to_their_layer():
-    # two layers: main norm (0-10), side (12-30), main matmul (32-50); then the marker
-    rows = [(0, 10, 1), (12, 30, 2), (32, 50, 1), (60, 70, 1), (72, 100, 2), (102, 120, 1), (130, 131, 1)]
+def test_replay_metrics_cuts_layers_by_node_order_whatever_their_stream_ids():
+    # two layers, each: norm (0-10), side (12-30), matmul (32-50), captured on one "main" stream
+    # and a side stream; as on the H200, the main stream's kernels come back on two stream ids
+    rows = [(0, 10, 1, 0), (12, 30, 2, 1), (32, 50, 3, 2), (60, 70, 3, 3), (72, 100, 2, 4), (102, 120, 1, 5),
+            (130, 131, 1, 6)]
     k = np.array(rows)
-    m = C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], [2, 2, 1])
+    m = C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], k[:, 3], [3, 3, 1])
     assert m["kernels"].tolist() == [3, 3]
     assert m["window_ns"].tolist() == [60, 70]
     assert m["busy_ns"].tolist() == [46, 56]
     assert m["span_ns"] == 120 and m["busy_total_ns"] == 102 and m["idle_ns"] == 18
+    swapped = np.array([0, 4, 2, 3, 1, 5, 6])  # node ids that would put a kernel of layer 2 into layer 1
+    with pytest.raises(C.LayoutError):
+        C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], swapped, [3, 3, 1])
 
 
 def test_span_busy_idle_and_gaps_match_graphmons_analysis():
@@ -109,7 +118,7 @@ def synthetic_arms(layout, gap_u, gap_t, ev_ns=600, d_ns=1200, replays=40, seed=
         inner_u.append(ev)
         k, ev = chain_replay(layout, d_ns, gap_t + int(rng.integers(-20, 20)), ev_ns, t0=r * 10**7, corr=r)
         inner_t.append(ev)
-        metrics.append(C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], counts))
+        metrics.append(C.replay_metrics(k[:, 0], k[:, 1], k[:, 2], k[:, 4], counts))
     return np.array(inner_u), np.array(inner_t), metrics, types
 
 
@@ -121,8 +130,9 @@ def test_compare_groups_recovers_the_inflation_per_gap():
         g = out[f"addx{n}"]
         assert g["event_ns"]["diff"] == pytest.approx(400 * n, rel=0.05)  # every gap +400 ns
         assert abs(g["cupti_minus_event_ns"]["median"]) < 1  # CUPTI shows what the events see
-        assert g["per_main_gap_ns"]["untraced"] == pytest.approx(300 + 600 / n, rel=0.05)
-        assert g["per_main_gap_ns"]["traced_cupti"] == pytest.approx(700 + 600 / n, rel=0.05)
+        assert g["idle_per_kernel_ns"]["untraced"] == pytest.approx(300 + 600 / n, rel=0.05)
+        assert g["idle_per_kernel_ns"]["traced_cupti"] == pytest.approx(700 + 600 / n, rel=0.05)
+        assert g["cupti_gap_mean_ns"][0] == pytest.approx(700 + 600 / n, rel=0.05)
         assert g["idle_inflation"]["diff"] == pytest.approx(400 * n, rel=0.05)
     rep = C.compare_replays(iu[:, -1] * 1e6, it[:, -1] * 1e6, metrics, n_boot=300)
     kernels = 2 * (2 + 8 + 32)

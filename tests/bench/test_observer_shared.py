@@ -60,3 +60,24 @@ def test_the_h200_probe_says_tracing_slows_replays_and_graph_trace_matches_event
     g = res["graph_trace"]
     assert g["records"] == 20 and list(g["graph_ids"]) == [20]  # only the graph instantiated after enabling it
     assert abs(g["vs_graph_trace_chain/no_upload"]["pct"]) < 1.5  # within instance-to-instance variance
+
+
+@pytest.mark.skipif(not NPZ.exists(), reason="tests/data/h200-cupti-decode-v1.npz missing")
+def test_real_decode_replays_cut_into_layers_by_node_order():
+    """The H200's records of the 4-stream decode graph: stream ids do not keep the capture stream
+    (the first kernel's stream holds 214 of 960 kernels), node ids do keep capture order, and the
+    48 layers cut in node order follow each other in time (the last layer stands in for the marker)."""
+    import observer_common as C
+
+    z = np.load(NPZ)
+    c = z["correlation_id"]
+    key_of = dict(map(tuple, z["launch_correlation"].tolist()))
+    for key in range(4):
+        corrs = [x for x in np.unique(c) if key_of.get(int(x)) == key]
+        assert len(corrs) == 80
+        for corr in corrs[:20]:
+            m = c == corr
+            first_stream = z["stream_id"][m][np.argmin(z["start"][m])]
+            assert (z["stream_id"][m] == first_stream).sum() % 48 != 0
+            r = C.replay_metrics(z["start"][m], z["end"][m], z["stream_id"][m], z["graph_node_id"][m], [20] * 48)
+            assert len(r["window_ns"]) == 47 and (r["busy_ns"] > 0).all() and (r["window_ns"] >= r["busy_ns"]).all()

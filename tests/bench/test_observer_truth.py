@@ -38,7 +38,7 @@ def raw_run(pairs=4, block=6, gap_u=300, gap_t=800, first_extra_ns=50_000, drop_
                 corr += 1
     n = pairs * block
     raw = {"block": block, "blocks_traced": pairs, "types": np.array([f"{k}x{n_}" for k, n_ in LAYOUT]),
-           "main_counts": np.array([n_ for _, n_ in LAYOUT] + [1]), "kernels": np.concatenate(kernels),
+           "counts": np.array([n_ for _, n_ in LAYOUT] + [1]), "kernels": np.concatenate(kernels),
            "kblock": np.concatenate(kblock), "sizes": np.array([n_ for _, n_ in LAYOUT]),
            "kinds": np.array([k for k, _ in LAYOUT]), "sleep_cycles": 2000, "sm_clock_khz": 1_980_000}
     for arm in ("untraced", "traced"):
@@ -58,7 +58,7 @@ def test_analysis_recovers_tracings_cost_per_gap_and_keeps_first_replays_apart()
             r = g[f"{kind}x{n}"]
             assert r["event_ns"]["diff"] == pytest.approx(500 * n, rel=0.05)
             assert abs(r["cupti_minus_event_ns"]["median"]) < 1
-            assert r["per_main_gap_ns"]["traced_cupti"] - r["per_main_gap_ns"]["untraced"] == pytest.approx(500, rel=0.05)
+            assert r["idle_per_kernel_ns"]["traced_cupti"] - r["idle_per_kernel_ns"]["untraced"] == pytest.approx(500, rel=0.05)
         assert res["fit"][kind]["per_kernel_ns"]["diff"] == pytest.approx(500, abs=15)
     assert res["kernel_ns"]["add"]["median"] == 1500
     assert res["kernel_ns"]["sleep_expected_at_max_clock"] == pytest.approx(2000 / 1.98, rel=1e-6)
@@ -74,12 +74,10 @@ def test_a_block_without_its_records_is_counted_not_misassigned():
     assert abs(res["groups"]["addx8"]["cupti_minus_event_ns"]["median"]) < 1
 
 
-def test_main_counts_are_inferred_for_alike_groups_and_refused_otherwise():
-    rows = [(0, 1, 1), (2, 3, 2), (4, 5, 1), (6, 7, 1), (8, 9, 2), (10, 11, 1), (12, 13, 1)]
-    k = np.array(rows)
-    assert T.infer_main_counts(k[:, 0], k[:, 2], 2) == [2, 2, 1]
+def test_counts_are_inferred_for_alike_groups_and_refused_otherwise():
+    assert T.infer_counts(961, 48) == [20] * 48 + [1]
     with pytest.raises(C.LayoutError):
-        T.infer_main_counts(k[:, 0], k[:, 2], 3)
+        T.infer_counts(960, 48)
 
 
 def test_reanalyze_reads_the_saved_raw_without_a_gpu(tmp_path):
