@@ -12,6 +12,9 @@ Stages (one process; the compile is paid once, in ``warm``):
 - ``callback_events``: calls rotate between subscribed (launch callbacks off), callbacks on doing
   nothing, and callbacks recording events: step time, and the callback events' replay duration.
 - ``gt_late``: GRAPH_TRACE enabled after the graphs were captured: records?
+- ``gt_only`` (with ``--gt-first``: GRAPH_TRACE on before the first capture): every replay timed
+  by GRAPH_TRACE, untraced; then it is switched off, and ``truth`` compares those durations with
+  CUPTI's spans of the same graph instances traced.
 - ``gt_fresh``: torch.compiler.reset() with GRAPH_TRACE on, so the graphs are captured again
   under it: records per step, duration against the step events, cost (calls alternating
   GRAPH_TRACE on / off), then a kernel window (GRAPH_TRACE off, kernels on) and back.
@@ -96,6 +99,9 @@ def analyze_truth(raw: dict, n_boot: int = C.BOOT) -> dict:
             "inflation_per_kernel_ns": infl / kps if kps else float("nan"),
             "implied_untraced_idle_ns": float(np.median(span - busy)) - infl,
         })
+        gt = np.asarray(raw.get("gt_untraced_ns", []), float)
+        if len(gt):  # the same graph instances, untraced, timed by GRAPH_TRACE (--gt-first)
+            out["replay_gt_untraced_vs_cupti_traced_ns"] = C.boot_diff(gt, span, n_boot=n_boot)
     return out
 
 
@@ -190,12 +196,38 @@ def stage_warm(ctx, a) -> dict:
     t0 = time.perf_counter()
     ctx["m"] = Model(a.new_tokens)
     ctx["cu"] = Cupti()  # subscribed before the first capture, as graphmon run attaches
+    if a.gt_first:  # the graphs are captured under GRAPH_TRACE: it can time them untraced
+        ctx["cu"].enable("GRAPH_TRACE")
     times = []
     for _ in range(3):
         t = time.perf_counter()
         ctx["m"].call()
         times.append(time.perf_counter() - t)
     return {"setup_s": time.perf_counter() - t0, "warm_call_s": times, "launches_seen": ctx["cu"].launches}
+
+
+def stage_gt_only(ctx, a) -> dict:
+    """(--gt-first) GRAPH_TRACE on since before the capture: every replay's duration, untraced;
+    then GRAPH_TRACE off (once: switching it on and off again slowed replays in call 1)."""
+    m, cu = ctx["m"], ctx["cu"]
+    cu.flush()
+    cu.take_graph_traces()
+    durs, per_call, steps = [], [], []
+    for _ in range(a.pairs):
+        ev, _h = m.call()
+        cu.flush()
+        g = cu.take_graph_traces()
+        g = g[np.argsort(g[:, 0])]
+        per_call.append(len(g))
+        durs.append((g[:, 1] - g[:, 0])[SKIP_STEPS:])
+        steps.append(steps_ns(ev))
+    cu.enable("GRAPH_TRACE", False)
+    cu.flush()
+    cu.take_graph_traces()
+    ctx["gt_untraced_ns"] = np.concatenate(durs) if durs else np.empty(0)
+    return {"records_per_call": per_call, "tokens_per_call": a.new_tokens,
+            "replay_ns": C.boot_ci(ctx["gt_untraced_ns"]) if len(ctx["gt_untraced_ns"]) else None,
+            "step_event_ns": C.boot_ci(calls_steady(steps))}
 
 
 def stage_truth(ctx, a) -> dict:
@@ -218,6 +250,8 @@ def stage_truth(ctx, a) -> dict:
     raw = _stack(_alternate(m, a.pairs, ("untraced", "traced"), set_arm, after))
     raw["kernels"] = np.concatenate(kern) if kern else np.empty((0, 8), np.int64)
     raw["kcall"] = np.concatenate(kcall) if kcall else np.empty(0, np.int64)
+    if "gt_untraced_ns" in ctx:
+        raw["gt_untraced_ns"] = ctx["gt_untraced_ns"]
     C.save_raw(a.out, "hf-truth", **raw)
     res = analyze_truth(raw)
     res["dropped_records"] = cu.dropped()
@@ -342,14 +376,17 @@ def stage_gt_fresh(ctx, a) -> dict:
     return res
 
 
-STAGES = {"warm": stage_warm, "truth": stage_truth, "callback_events": stage_callback_events,
+STAGES = {"warm": stage_warm, "gt_only": stage_gt_only, "truth": stage_truth, "callback_events": stage_callback_events,
           "gt_late": stage_gt_late, "gt_fresh": stage_gt_fresh}
+DEFAULT_STAGES = "warm,truth,callback_events,gt_late,gt_fresh"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--stages", default=DEFAULT_STAGES)
+    ap.add_argument("--gt-first", action="store_true",
+                    help="GRAPH_TRACE on before the first capture (then: --stages warm,gt_only,truth)")
     ap.add_argument("--pairs", type=int, default=6, help="pairs of generate calls per comparison")
     ap.add_argument("--new-tokens", type=int, default=40)
     a = ap.parse_args(argv)
@@ -361,6 +398,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown stage(s) {unknown}: choose from {list(STAGES)}")
     if stages and stages[0] != "warm":
         stages.insert(0, "warm")  # every other stage needs the model and the subscription
+    if ("gt_only" in stages) != a.gt_first:
+        ap.error("gt_only needs --gt-first and --gt-first needs gt_only (GRAPH_TRACE must be switched off before truth)")
     os.makedirs(a.out, exist_ok=True)
     from observer_gpu import device_info
 

@@ -10,16 +10,17 @@ in-graph events, so that every candidate's replay duration can be checked agains
   in-graph events of the same replay. Alongside windows: traced blocks with and without them.
 - ``graph_trace``: CUPTI_ACTIVITY_KIND_GRAPH_TRACE (one record per graph launch). Graphs made
   before and after enabling it; records per graph; the duration against in-graph events; its
-  cost (the same graph instance with GRAPH_TRACE on and off, interleaved); then the switch a
-  kernel window needs: GRAPH_TRACE off + CONCURRENT_KERNEL on (kernel records of each graph?),
+  cost (graphs with records against graphs without, GRAPH_TRACE on throughout); then the switch
+  a kernel window needs: GRAPH_TRACE off + CONCURRENT_KERNEL on (kernel records of each graph?),
   back to GRAPH_TRACE (records again?), and both on at once.
 - ``probes``: what cupti-python 13.4 offers besides: latency timestamps on kernel records
   (queued / submitted), HOST_LAUNCH records, CUDA_EVENT records with device timestamps.
 
     python bench/replay_signal.py --out DIR [--stages callback_events,probes,graph_trace]
 
-Writes DIR/signal.json (after each stage) and DIR/signal-<stage>.npz. graph_trace runs last: it
-leaves graphs instantiated under GRAPH_TRACE in the process.
+Writes DIR/signal.json (after each stage) and DIR/signal-<stage>.npz. Run graph_trace in a process
+of its own (``--stages graph_trace``): graphs captured after kernel tracing was on may run slower
+(bench/trace_residue.py), and it leaves graphs instantiated under GRAPH_TRACE behind.
 """
 
 from __future__ import annotations
@@ -256,24 +257,43 @@ def stage_probes(cu, a) -> dict:
 
 
 def stage_graph_trace(cu, a) -> dict:
+    """GRAPH_TRACE. Its cost is measured without ever switching it off: in observer-h200-call1,
+    replays after switching it off again ran slower than before it was ever on (the "off" arm was
+    not a baseline). Arms, interleaved with GRAPH_TRACE on: graphs instantiated before enabling
+    it (no records) and after (records), two instances each (instances differ by up to ~1.5%:
+    the spread between two of one arm is reported too); and the pre graphs before enabling it
+    against the same graphs with it on (one after the other). Run it in a process where kernel
+    tracing has not been on: graphs captured after a traced window may run slower (trace_residue)."""
     import torch
 
     from observer_gpu import queued_replays, synced_replays
 
     res: dict = {}
-    pre = _graphs(a, "_pre")
+    pre = {f"{k}_pre{i}": g for i in (1, 2) for k, g in _graphs(a, f"_pre{i}").items()}
+    _warm(pre)
+    raw: dict = {}
+
+    def blocks(graphs: dict, rounds: int) -> dict:
+        out = {name: {"gpu_us": [], "launch_us": []} for name in graphs}
+        for order in rotations(list(graphs), rounds):
+            for name in order:
+                q = queued_replays(graphs[name].replay, a.block)
+                for k in ("gpu_us", "launch_us"):
+                    out[name][k].append(q[k])
+        return out
+
+    before = blocks(pre, a.rounds)
     t0 = time.perf_counter()
     cu.enable("GRAPH_TRACE")
     res["enable_us"] = (time.perf_counter() - t0) * 1e6
-    post = _graphs(a, "_post")
-    allg = {**{f"{k}_pre": g for k, g in pre.items()}, **{f"{k}_post": g for k, g in post.items()}}
+    post = {f"{k}_post{i}": g for i in (1, 2) for k, g in _graphs(a, f"_post{i}").items()}
+    allg = {**pre, **post}
     ids = {name: cu.graph_id(g.exec_handle) for name, g in allg.items()}
     res["graph_ids"] = ids
     _warm(allg)
     cu.flush()
     cu.take_graph_traces()
     cu.take_kernels()
-    raw: dict = {}
 
     def phase(label: str, n: int) -> dict:
         spans, outer = {}, {}
@@ -285,12 +305,13 @@ def stage_graph_trace(cu, a) -> dict:
         gt, k = cu.take_graph_traces(), cu.take_kernels()
         raw[f"{label}_graph_trace"], raw[f"{label}_kernels_n"] = gt, np.array([len(k)])
         out = {"graph_trace": per_graph_counts(gt, 3, 4, ids), "kernels": per_graph_counts(k[:, :6], 3, 5, ids),
-               "replays_per_graph": n, "accuracy": {}}
+               "replays_per_graph": n, "accuracy": {}, "inner_span_us": {}}
         for name in allg:
             recs = gt[gt[:, 3] == ids[name]]
             if len(recs):
                 recs = recs[np.argsort(recs[:, 0])]
                 out["accuracy"][name] = duration_accuracy(recs[:, 1] - recs[:, 0], spans[name], outer[name])
+            out["inner_span_us"][name] = float(np.median(spans[name][1:])) / 1e3
             raw[f"{label}_{name}_inner_span_ns"], raw[f"{label}_{name}_outer_ns"] = spans[name], outer[name]
         print(label, {n_: v for n_, v in out["graph_trace"].items()}, "kernels", out["kernels"], flush=True)
         return out
@@ -305,31 +326,24 @@ def stage_graph_trace(cu, a) -> dict:
     step("gt_on", lambda: phase("gt_on", a.sync_n))
 
     def cost():
-        arms = {arm: {g: {"gpu_us": [], "launch_us": []} for g in allg} for arm in ("gt_off", "gt_on")}
-        state = True
-        for order in rotations(("gt_off", "gt_on"), 2 * a.rounds):
-            for arm in order:
-                want = arm == "gt_on"
-                if want != state:
-                    cu.enable("GRAPH_TRACE", want)
-                    state = want
-                for name, g in allg.items():
-                    q = queued_replays(g.replay, a.block)
-                    for k in ("gpu_us", "launch_us"):
-                        arms[arm][name][k].append(q[k])
-        if not state:
-            cu.enable("GRAPH_TRACE")
+        on = blocks(allg, a.rounds)
         cu.flush()
-        gt = cu.take_graph_traces()
-        out = {"graph_trace_records": per_graph_counts(gt, 3, 4, ids)}
-        for name in allg:
-            out[name] = cost_table({arm: arms[arm][name] for arm in arms}, "gt_off")["gt_on"]
-            for arm in arms:
-                for k in ("gpu_us", "launch_us"):
-                    raw[f"cost_{name}_{arm}_{k}"] = np.array(arms[arm][name][k])
-        for name in allg:
-            print(f"cost {name}: GPU {out[name]['gpu_us']['diff']:+.2f} us ({out[name]['gpu_us']['pct']:+.3f}%), "
-                  f"launch {out[name]['launch_us']['diff']:+.2f} us", flush=True)
+        out = {"graph_trace_records": per_graph_counts(cu.take_graph_traces(), 3, 4, ids)}
+        for name, m in {**{f"before_{k}": v for k, v in before.items()}, **on}.items():
+            for k in ("gpu_us", "launch_us"):
+                raw[f"cost_{name}_{k}"] = np.array(m[k])
+        for kind in a.graphs.split(","):
+            pool = lambda d, names: {k: sum((d[n][k] for n in names), []) for k in ("gpu_us", "launch_us")}  # noqa: E731
+            pre_n, post_n = [f"{kind}_pre1", f"{kind}_pre2"], [f"{kind}_post1", f"{kind}_post2"]
+            arms = {"pre_gt_off": pool(before, pre_n), "pre_gt_on": pool(on, pre_n), "post_gt_on": pool(on, post_n),
+                    "pre1": pool(on, pre_n[:1]), "pre2": pool(on, pre_n[1:]), "post1": pool(on, post_n[:1]), "post2": pool(on, post_n[1:])}
+            t = cost_table(arms, "pre_gt_on")
+            out[kind] = {"records_cost": t["post_gt_on"], "enabled_no_records": cost_table(arms, "pre_gt_off")["pre_gt_on"],
+                         "spread_pre": cost_table(arms, "pre1")["pre2"], "spread_post": cost_table(arms, "post1")["post2"]}
+            c = out[kind]["records_cost"]["gpu_us"]
+            print(f"cost {kind}: GRAPH_TRACE records: GPU {c['diff']:+.2f} us ({c['pct']:+.3f}% [{c['pct_ci'][0]:+.3f}, "
+                  f"{c['pct_ci'][1]:+.3f}]); instance spread {out[kind]['spread_pre']['gpu_us']['pct']:+.3f}% / "
+                  f"{out[kind]['spread_post']['gpu_us']['pct']:+.3f}%", flush=True)
         return out
 
     step("cost", cost)
@@ -361,7 +375,8 @@ STAGES = {"callback_events": stage_callback_events, "probes": stage_probes, "gra
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--stages", default="callback_events,probes,graph_trace")
+    ap.add_argument("--stages", default="callback_events,probes,graph_trace",
+                    help="graph_trace belongs in a process of its own, or first (see its docstring)")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of interleaved cost blocks")
     ap.add_argument("--block", type=int, default=20, help="back-to-back replays per cost block")
     ap.add_argument("--sync-n", type=int, default=30, help="synchronized replays for the accuracy checks")
