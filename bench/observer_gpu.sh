@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 30 on a CUDA machine, in one device call (run from the repo root): the observer-effect
-# ground truth (bench/observer_truth.py), the always-on candidates (bench/replay_signal.py) and
+# ground truth (bench/observer_truth.py), the always-on candidates (bench/replay_signal.py; its
+# graph_trace stage in a process of its own) and
 # both on an HF torch.compile decode (bench/observer_hf.py). Each script is its own process with
 # its own time limit, each writes its JSON after every stage: a stage or a script that fails or
 # runs out of time leaves the others' results. Everything lands under $OUT/observer.
@@ -31,6 +32,7 @@ run() {  # name, limit_s, command...
   grep -E "^(==|!!)|->|: replay|cost |hf truth|gt_" "$D/$name.log" | tail -30
 }
 run truth ${TRUTH_S:-60} $PY bench/observer_truth.py --out "$D"
-run signal ${SIGNAL_S:-70} $PY bench/replay_signal.py --out "$D"
+run signal ${SIGNAL_S:-40} $PY bench/replay_signal.py --out "$D"
+run graph_trace ${GT_S:-50} $PY bench/replay_signal.py --out "$D/graph_trace" --stages graph_trace
 run hf ${HF_S:-150} $PY bench/observer_hf.py --out "$D"
 echo "observer: total $((SECONDS - T0)) s"

@@ -16,7 +16,8 @@ in-graph events, so that every candidate's replay duration can be checked agains
 - ``probes``: what cupti-python 13.4 offers besides: latency timestamps on kernel records
   (queued / submitted), HOST_LAUNCH records, CUDA_EVENT records with device timestamps.
 
-    python bench/replay_signal.py --out DIR [--stages callback_events,probes,graph_trace]
+    python bench/replay_signal.py --out DIR [--stages callback_events,probes]
+    python bench/replay_signal.py --out DIR2 --stages graph_trace
 
 Writes DIR/signal.json (after each stage) and DIR/signal-<stage>.npz. Run graph_trace in a process
 of its own (``--stages graph_trace``): graphs captured after kernel tracing was on may run slower
@@ -375,8 +376,8 @@ STAGES = {"callback_events": stage_callback_events, "probes": stage_probes, "gra
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--stages", default="callback_events,probes,graph_trace",
-                    help="graph_trace belongs in a process of its own, or first (see its docstring)")
+    ap.add_argument("--stages", default="callback_events,probes",
+                    help="callback_events, probes, graph_trace (graph_trace in a process of its own: see its docstring)")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of interleaved cost blocks")
     ap.add_argument("--block", type=int, default=20, help="back-to-back replays per cost block")
     ap.add_argument("--sync-n", type=int, default=30, help="synchronized replays for the accuracy checks")
