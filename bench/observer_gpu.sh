@@ -31,7 +31,9 @@ run() {  # name, limit_s, command...
   echo "$name: exit $? after $((SECONDS - T0)) s"
   grep -E "^(==|!!)|->|: replay|cost |hf truth|gt_" "$D/$name.log" | tail -30
 }
-run truth ${TRUTH_S:-60} $PY bench/observer_truth.py --out "$D"
+# each graph in a process of its own: a graph captured after kernel tracing was on may run slower
+run truth ${TRUTH_S:-30} $PY bench/observer_truth.py --out "$D" --stages chain
+run truth_decode ${TRUTH_S:-30} $PY bench/observer_truth.py --out "$D/decode" --stages decode
 run signal ${SIGNAL_S:-40} $PY bench/replay_signal.py --out "$D"
 run graph_trace ${GT_S:-50} $PY bench/replay_signal.py --out "$D/graph_trace" --stages graph_trace
 run hf ${HF_S:-150} $PY bench/observer_hf.py --out "$D"

@@ -1,7 +1,8 @@
 """Markdown tables of the observer-effect results (docs/observer-effect.md cites them): from the
 JSON files of observer_truth, replay_signal and observer_hf in one folder.
 
-    python bench/observer_table.py DIR   # DIR holds truth.json, signal.json, hf.json (any subset)
+    python bench/observer_table.py DIR [DIR ...]   # folders holding truth.json, signal.json, hf.json
+                                                   # (any subset; stages of one file name are merged)
 """
 
 from __future__ import annotations
@@ -84,13 +85,17 @@ def signal_table(signal: dict, hf: dict) -> list[str]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not os.path.isdir(argv[0]):
+    if not argv or not all(os.path.isdir(d) for d in argv):
         print(__doc__.strip(), file=sys.stderr)
         return 2
 
     def load(name):
-        p = os.path.join(argv[0], name)
-        return json.load(open(p)) if os.path.exists(p) else {}
+        merged: dict = {"stages": {}}
+        for d in argv:
+            p = os.path.join(d, name)
+            if os.path.exists(p):
+                merged["stages"].update(json.load(open(p)).get("stages", {}))
+        return merged
 
     truth, signal, hf = load("truth.json"), load("signal.json"), load("hf.json")
     lines = truth_tables(truth) + [""] + hf_table(hf) + [""] + signal_table(signal, hf)
