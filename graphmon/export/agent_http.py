@@ -264,7 +264,7 @@ class AgentMetrics:
 
 
 def status(agent: Agent) -> dict:
-    from graphmon import __version__
+    from graphmon.version import __version__
 
     procs = agent.process_status()
     lst = agent.listener

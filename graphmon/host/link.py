@@ -394,11 +394,20 @@ class LightCollector:
         st = self.source.stats  # the tracing budget at work: the wait it chose after the last window
         return {"state": h.state, "reason": h.reason, "errors": dict(h.errors), "windows": self.windows,
                 "empty_windows": self.empty_windows,
+                # traced, and no graph launch came (the collector's closed set of empty-window
+                # reasons: no_records above, no_launches here; idle windows are not empty: nothing ran)
+                "empty_windows_no_launches": int(st.get("empty_no_launches") or 0),
                 "sampling": {"next_interval_s": float(st.get("interval_s") or 0.0),
                              "last_traced_ms": float(st.get("traced_ms") or 0.0),
                              # False between windows once idle (idle_unsubscribe_s): no CUPTI in the process
                              "cupti_subscribed": bool(getattr(self.source, "subscribed", False)),
-                             "idle_unsubscribes": int(st.get("idle_unsubscribes") or 0)}}
+                             "idle_unsubscribes": int(st.get("idle_unsubscribes") or 0),
+                             # windows with no graph launch to open them (not traced), and whether
+                             # one waits for a launch now
+                             "idle_windows": int(st.get("idle_windows") or 0),
+                             # kernel ends a forced flush made up, dropped (their replays excluded)
+                             "late_stamped_records": int(st.get("late_stamped_records") or 0),
+                             "armed": bool(getattr(self.source, "armed", False))}}
 
     def _capture(self, req: CaptureRequest) -> None:
         try:

@@ -1,5 +1,6 @@
-"""What the agent's peers can make it hold or write, bounded: the byte budget all connections
-share for frames being received or waiting for ingest, and rate-limited log lines."""
+"""What the agent's peers can make it hold or write, bounded: the limits of graphmon.sources.remote
+(docs/reliability.md, "The agent and its peers"), the byte budget all connections share for
+frames being received or waiting for ingest, and rate-limited log lines."""
 
 from __future__ import annotations
 
@@ -8,6 +9,22 @@ import threading
 import time
 
 LOG_LINES_PER_MINUTE = 5
+# Why a connection was refused or closed before it became a process (a closed set: metric labels).
+REJECT_REASONS = ("uid", "too_many_processes", "unidentified_evicted", "hello_timeout", "bad_hello")
+# Why a window a process sent was not ingested.
+DROP_REASONS = ("queue_full", "memory", "invalid")
+# Frame errors after which the stream cannot be trusted (or is out of step): the connection is
+# closed. After any other (a window or status that fails validation) it is kept.
+CLOSING_REASONS = ("framing", "too_large", "stalled", "header", "protocol")
+HELLO_TIMEOUT_S = 5.0
+MAX_UNIDENTIFIED = 16
+MAX_PROCESSES = 256
+MAX_BUFFERED_BYTES = 128 * 2**20
+MAX_QUEUED_WINDOWS = 8
+# A frame must arrive whole within this long of its first byte: a sender that trickles a frame
+# would hold its buffer (and its share of the budget) forever. A window of 2M records crosses a
+# Unix socket in well under a second.
+FRAME_TIMEOUT_S = 30.0
 
 
 class LimitedLog:

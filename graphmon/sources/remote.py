@@ -13,16 +13,10 @@ container would share pid 0; an announced pid is whatever the sender says (conta
 own namespaces are often all pid 1 or 7, and a sender could name a live process). The announced
 pid is only shown (graphmon_process_info); SO_PEERCRED's pid only logged and in /status.
 
-Hostile or clumsy peers (all bounded, counted in ``AgentListener.rejected`` / ``frames_rejected``
-and logged at most a few lines per reason a minute):
-
-* a connection that has not said hello may send one frame of at most ``MAX_HELLO_FRAME_BYTES``
-  and must complete it within ``hello_timeout_s``; at most ``max_unidentified`` such connections
-  are open (a new one evicts the oldest: a real process says hello at once);
-* at most ``max_processes`` connections that said hello are open (closed ones are forgotten);
-* frames being received and windows waiting to be ingested share one byte budget
-  (``max_buffered_bytes``): a frame that does not fit is read and discarded, never buffered;
-* at most ``max_queued_windows`` windows wait per process: the oldest is dropped (counted).
+Hostile or clumsy peers are bounded before hello (one small frame, a timeout, a cap on such
+connections) and after (process cap, one byte budget for all buffered frames, a frame deadline,
+a short window queue per process); all is counted and logged rate-limited. The bounds and their
+defaults: docs/reliability.md, "The agent and its peers".
 
 Reader threads do I/O only: a window is queued as received and decoded on the agent's ingest
 thread (``on_window``); heartbeats are read while windows wait, so a busy agent never declares
@@ -45,26 +39,12 @@ from graphmon.model.wire import (MAX_FRAME_BYTES, MAX_HELLO_FRAME_BYTES, PROCESS
 from graphmon.sources.agent_socket import (ALLOW_GIDS_ENV, ALLOW_UIDS_ENV, MAX_REFUSAL_LOGS, PeerPolicy,  # noqa: F401
                                            bind_socket, parse_ids, peer_credentials, peer_groups, private_socket_path)
 from graphmon.sources.base import Sink, Source
-from graphmon.sources.peers import ByteBudget, LimitedLog
+from graphmon.sources.peers import (CLOSING_REASONS, DROP_REASONS, FRAME_TIMEOUT_S, HELLO_TIMEOUT_S,  # noqa: F401
+                                    MAX_BUFFERED_BYTES, MAX_PROCESSES, MAX_QUEUED_WINDOWS, MAX_UNIDENTIFIED,
+                                    REJECT_REASONS, ByteBudget, LimitedLog)
 
 log = logging.getLogger("graphmon.agent")
 STATES = PROCESS_STATES
-# Why a connection was refused or closed before it became a process (a closed set: metric labels).
-REJECT_REASONS = ("uid", "too_many_processes", "unidentified_evicted", "hello_timeout", "bad_hello")
-# Why a window a process sent was not ingested.
-DROP_REASONS = ("queue_full", "memory", "invalid")
-# Frame errors after which the stream cannot be trusted (or is out of step): the connection is
-# closed. After any other (a window or status that fails validation) it is kept.
-CLOSING_REASONS = ("framing", "too_large", "stalled", "header", "protocol")
-HELLO_TIMEOUT_S = 5.0
-MAX_UNIDENTIFIED = 16
-MAX_PROCESSES = 256
-MAX_BUFFERED_BYTES = 128 * 2**20
-MAX_QUEUED_WINDOWS = 8
-# A frame must arrive whole within this long of its first byte: a sender that trickles a frame
-# would hold its buffer (and its share of the budget) forever. A window of 2M records crosses a
-# Unix socket in well under a second.
-FRAME_TIMEOUT_S = 30.0
 RECV_BYTES = 256 * 1024
 
 

@@ -73,6 +73,26 @@ def test_light_collector_windows_reach_agent_with_identity(agent):
     assert agent.lost_total == 0  # said bye: stopped, not lost
 
 
+def test_light_collector_status_says_idle_and_empty_windows(tmp_path):
+    # no graph launch: idle windows (not traced, not empty); a window that traced no launch:
+    # empty, reason no_launches
+    fake = FakeCupti()
+    lc = LightCollector(str(tmp_path / "none.sock"), cupti=fake, **{**FAST, "interval_s": 0.1, "observer": "off",
+                                                                   "window_duration_ms": 30})
+    lc.start()
+    try:
+        assert wait_until(lambda: lc._status()["sampling"]["idle_windows"] >= 2)
+        assert wait_until(lambda: lc._status()["sampling"]["armed"])  # (between two idle windows it re-arms)
+        st = lc._status()
+        assert st["empty_windows_no_launches"] == 0 and st["empty_windows"] == 0
+        assert st["sampling"]["late_stamped_records"] == 0
+        h = fake.instantiate(decode_like(1))
+        fake.launch(h, 7)  # opens the window (no event timing: no reference phase), then no launch while traced
+        assert wait_until(lambda: lc._status()["empty_windows_no_launches"] == 1)
+    finally:
+        lc.stop()
+
+
 def test_capture_fans_out_to_processes(agent):
     from graphmon.model.window import CaptureRequest
 
