@@ -254,7 +254,7 @@ class AgentListener:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sock = bind_socket(self.path, self.peers, explicit=path is not None)
-        self._sock.listen(64)
+        self._sock.listen(max(64, self.max_processes))  # a burst of processes connecting at once: none refused by the kernel
         self._sock.settimeout(0.2)
         self._thread = threading.Thread(target=self._accept_loop, name="graphmon-agent-accept", daemon=True)
 
@@ -263,7 +263,8 @@ class AgentListener:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(2.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(2.0)
         try:
             self._sock.close()
         except OSError:

@@ -444,3 +444,22 @@ def test_a_process_that_never_reads_cannot_block_a_capture(agent):
             refused += 1
     assert time.monotonic() - t0 < 10 and refused > 0
     deaf.close()
+
+
+def test_a_burst_of_processes_connecting_at_once_is_not_refused_by_the_kernel():
+    """The listen backlog holds max_processes connects: with 64, a burst of 100 processes
+    connecting at once (a restart of many workers) got EAGAIN from connect before the accept
+    loop could take them (seen in bench/soak_agent.py)."""
+    lst = AgentListener(None, on_connect=lambda p: None, on_close=lambda p: None)  # not started: nothing accepts
+    socks = []
+    try:
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5)  # as the link does: connect does not wait for a full backlog
+            s.connect(lst.path)
+            socks.append(s)
+        assert len(socks) == 200
+    finally:
+        for s in socks:
+            s.close()
+        lst.close()
