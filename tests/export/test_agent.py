@@ -401,3 +401,14 @@ def test_a_burst_of_short_lived_processes_does_not_starve_a_live_one():
         assert ag.lost_total == 150 and live_a.gone_s is None  # only the burst's unannounced closes
     finally:
         ag.stop()
+
+
+def test_the_agent_limits_malloc_arenas_unless_told(monkeypatch):
+    import platform
+
+    from graphmon.export.agent import limit_malloc_arenas
+
+    if platform.libc_ver()[0] == "glibc":
+        assert limit_malloc_arenas() is True
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False  # the operator's setting wins
