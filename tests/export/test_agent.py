@@ -290,6 +290,7 @@ def test_a_successor_with_the_same_rank_continues_the_series(agent):
 
 def test_a_live_duplicate_rank_gets_the_lowest_free_suffix_and_never_a_pid(agent):
     a = Client(agent, rank="0", pid=11)
+    assert wait_until(lambda: len(agent.processes) == 1)  # the first to say hello gets the rank
     b = Client(agent, rank="0", pid=12)
     assert wait_until(lambda: len(agent.processes) == 2)
     assert sorted(x.rank for x in agent.attached()) == ["0", "0@2"]
