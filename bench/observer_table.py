@@ -64,10 +64,19 @@ def signal_table(signal: dict, hf: dict) -> list[str]:
             out.append(f"| {arm} | {name} | {_ci(c['launch_us'], 'diff', fmt='{:+.2f}')} | {_ci(c['gpu_us'], 'diff', fmt='{:+.2f}')} | "
                        f"{_ci(c['gpu_us'], fmt='{:+.3f}')} | {acc:+.0f} |")
     gt = signal.get("stages", {}).get("graph_trace", {})
+    accuracy = gt.get("gt_on", {}).get("accuracy", {})
     for name, c in gt.get("cost", {}).items():
+        if "records_cost" in c:  # GRAPH_TRACE on throughout: graphs with records against graphs without
+            c = c["records_cost"]
+            accs = [v["minus_inner_span_ns"]["median"] for k, v in accuracy.items()
+                    if k.startswith(name + "_") and "minus_inner_span_ns" in v]
+            out.append(f"| GRAPH_TRACE records (vs none) | {name} | {_ci(c['launch_us'], 'diff', fmt='{:+.2f}')} | "
+                       f"{_ci(c['gpu_us'], 'diff', fmt='{:+.2f}')} | {_ci(c['gpu_us'], fmt='{:+.3f}')} | "
+                       f"{' / '.join(f'{v:+.0f}' for v in accs)} |")
+            continue
         if name == "graph_trace_records" or "gpu_us" not in c:
             continue
-        acc = gt.get("gt_on", {}).get("accuracy", {}).get(name, {}).get("minus_inner_span_ns", {}).get("median", float("nan"))
+        acc = accuracy.get(name, {}).get("minus_inner_span_ns", {}).get("median", float("nan"))
         out.append(f"| GRAPH_TRACE | {name} | {_ci(c['launch_us'], 'diff', fmt='{:+.2f}')} | {_ci(c['gpu_us'], 'diff', fmt='{:+.2f}')} | "
                    f"{_ci(c['gpu_us'], fmt='{:+.3f}')} | {acc:+.0f} |")
     h = hf.get("stages", {})
