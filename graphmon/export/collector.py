@@ -67,7 +67,7 @@ def _hist_buckets(h: Hist, bounds_ns) -> list[tuple[str, float]]:
 def _add_summary(fam: Metric, labels: dict, quantiles, h: Hist) -> None:
     name = fam.name
     for q, v in quantiles:
-        if v == v:  # NaN: no data
+        if v >= 0:  # NaN: no data; never a negative quantile (OpenMetrics parsers refuse the scrape)
             fam.add_sample(name, {**labels, "quantile": f"{q:g}"}, v * NS)
     fam.add_sample(name + "_count", labels, h.count)
     fam.add_sample(name + "_sum", labels, h.sum_ns * NS)

@@ -104,6 +104,9 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
         ("GraphmonNoData", "unless on (job, instance, rank)", "or on (job, instance, rank)",
          "an empty window now and then while records flow pages"),
         ("GraphmonProcessLost", "[15m]", "[1h]", "a loss long ago keeps the alert firing"),
+        ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
+        ("GraphmonNoProcessAttached", 'state!~"stopped|lost"', 'state="running"',
+         "a process blocked by a profiler pages as no process"),
     ],
 )
 def test_weakened_rules_fail_their_tests(tmp_path, alertname, old, new, why):

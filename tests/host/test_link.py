@@ -144,7 +144,7 @@ def test_bad_frame_closes_that_connection_only(agent):
     s.sendall(encode_message("hello", identity={"rank": "3", "pid": "1"}))
     assert wait_until(lambda: bool(agent.processes))
     s.sendall(b"\x08\x00\x00\x00\x04\x00\x00\x00{}{}")  # a header that is no message
-    assert wait_until(lambda: agent.listener.rejected["bad_frame"] == 1)
+    assert wait_until(lambda: agent.listener.frames_rejected["header"] == 1)
     assert wait_until(lambda: agent.attached()[0].health().state == "lost")
     assert agent.lost_total == 1
 

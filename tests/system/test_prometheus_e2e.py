@@ -51,6 +51,8 @@ ABSENT_IN_E2E = {"graphmon_observer_slowdown_ratio"}
 AGENT_ONLY_METRICS = {
     "graphmon_device_info", "graphmon_process_info", "graphmon_process_last_window_timestamp_seconds",
     "graphmon_empty_windows_total", "graphmon_processes_lost_total", "graphmon_processes",
+    "graphmon_agent_up", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
+    "graphmon_agent_windows_dropped_total", "graphmon_link_windows_dropped_total", "graphmon_link_reconnects_total",
 }
 # Labels only Kubernetes service discovery adds (PodMonitor): absent from this stack's targets.
 K8S_ONLY_LABELS = {"namespace", "pod"}
