@@ -4,7 +4,9 @@ Tiles the real 467,200-record capture (shifting times and correlation ids per ti
 then times, side by side in one process and alternating which goes first, the analysis + exact
 quantiles with the fast path (graphmon.analysis.replays.analyze) and with today's reference
 implementation (graphmon.analysis.reference.analyze_reference), after checking that both give
-bit-identical results on the tiled trace. The machine may be shared and noisy: each figure is the
+bit-identical results on the tiled trace; and, the same way, the exact gap quantiles by counting
+(bincount + cumsum, the default for small-range integer groups) against the np.partition fallback
+(``quantiles_counting_vs_partition``). The machine may be shared and noisy: each figure is the
 median of --runs runs with min and max, and a plain column copy is timed alongside as a gauge of
 the memory bandwidth the process got. Pinned to CPU 0 (like ``taskset -c 0``) where the OS allows.
 Runs twice, in fresh processes: with ``graphmon analyze``'s heap setting (analysis/heap.py: freed
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from graphmon.analysis import replays
+from graphmon.analysis import grouped
 from graphmon.analysis.grouped import grouped_quantiles
 from graphmon.analysis.reference import analyze_reference
 from graphmon.export.aggregator import Aggregator
@@ -94,13 +97,24 @@ def both(args) -> None:
                             "--allocator", alloc, "--out", str(f)], check=True, stdout=subprocess.DEVNULL)
             out[alloc] = json.loads(f.read_text())
     res = dict(out["batch"])
-    res["allocator_default"] = {k: out["default"][k] for k in ("analysis_with_quantiles", "parts_of_fast", "memory_gauge")}
+    res["allocator_default"] = {k: out["default"][k] for k in ("analysis_with_quantiles", "parts_of_fast",
+                                                               "quantiles_counting_vs_partition", "memory_gauge")}
     res["allocator_default"]["what"] = ("the same run in a process with glibc's default mmap threshold (every large "
                                         "temporary a fresh mmap: first-touch page faults); measured right after")
     res["command"] = f"python bench/analysis_throughput.py --records {args.records} --runs {args.runs}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
+
+
+def partition_quantiles(values, offsets):
+    """grouped_quantiles with the counting path off: the np.partition fallback alone."""
+    saved = grouped.COUNT_MIN_VALUES
+    grouped.COUNT_MIN_VALUES = 1 << 62
+    try:
+        return grouped_quantiles(values, offsets)
+    finally:
+        grouped.COUNT_MIN_VALUES = saved
 
 
 def main() -> None:
@@ -143,7 +157,9 @@ def main() -> None:
     same = identical(a_fast, a_ref) and np.array_equal(q_fast, q_ref, equal_nan=True)
     del a_ref, q_ref
     col = trace.start_ns
-    t_fast, t_ref, t_copy, t_an, t_q = [], [], [], [], []
+    same_q = (grouped_quantiles(a_fast.gaps.values, a_fast.gaps.offsets).tobytes()
+              == partition_quantiles(a_fast.gaps.values, a_fast.gaps.offsets).tobytes())
+    t_fast, t_ref, t_copy, t_an, t_q, t_qp = [], [], [], [], [], []
     for run in range(args.runs):
         order = (("fast", fast), ("reference", reference)) if run % 2 == 0 else (("reference", reference), ("fast", fast))
         for name, fn in order:
@@ -152,7 +168,9 @@ def main() -> None:
         t_copy.append(timed(col.copy)[0])
         s, a = timed(lambda: replays.analyze(trace))
         t_an.append(s)
-        t_q.append(timed(lambda: grouped_quantiles(a.gaps.values, a.gaps.offsets))[0])
+        qs = ((t_q, grouped_quantiles), (t_qp, partition_quantiles))
+        for out, fn in (qs if run % 2 == 0 else qs[::-1]):
+            out.append(timed(lambda: fn(a.gaps.values, a.gaps.offsets))[0])
     paths = dict(replays.PATHS)
     t_sum, _ = timed(lambda: graphs_summary(a_fast))
     t_agg, _ = timed(lambda: Aggregator().ingest(Window(trace, 0.0, 1.0)))
@@ -171,6 +189,12 @@ def main() -> None:
             "speedup_median": round(statistics.median(speedups), 2),
         },
         "parts_of_fast": {"analyze": stats(t_an, n), "exact quantiles (p10/p50/p90/p99, all groups)": stats(t_q, n)},
+        "quantiles_counting_vs_partition": {
+            "bit_identical": bool(same_q), "gap_values": int(len(a_fast.gaps.values)),
+            "counting (bincount + cumsum, the default)": stats(t_q, n),
+            "np.partition (the fallback)": stats(t_qp, n),
+            "speedup_per_run": [round(p / c, 2) for p, c in zip(t_qp, t_q)],
+            "speedup_median": round(statistics.median([p / c for p, c in zip(t_qp, t_q)]), 2)},
         "memory_gauge": {"copy of one int64 column (80 MB at 10M), seconds": [round(s, 4) for s in t_copy],
                          "GB_per_second_median": round(n * 8 / statistics.median(t_copy) / 1e9, 2)},
         "once": {"report summary, seconds": round(t_sum, 4),

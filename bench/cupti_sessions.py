@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     from graphmon.settings import CuptiSettings
     from graphmon.sources.cupti.collector import CuptiSource
+    from graphmon.sources.cupti.api import cupti_api_version
     from graphmon.sources.cupti.libinfo import library_info
 
     mode = a.close
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.cuda.init()
-    R["libs"]["after_torch_import"] = library_info()
+    R["libs"]["after_torch_import"] = library_info(api_version=cupti_api_version)
     import decode_server as ds
 
     from graphmon.model.window import CaptureRequest
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     while src.health().state != "running" and time.monotonic() - t0 < 20:
         time.sleep(0.01)
     R["state"] = src.health().state
-    R["libs"]["after_attach"] = library_info()
+    R["libs"]["after_attach"] = library_info(api_version=cupti_api_version)
     R["info"] = src.info()
     model = ds.DecodeModel(layers=a.layers)
     graphs = ds.build(model, [1], ["uploaded", "lazy"], label=False)

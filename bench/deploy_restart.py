@@ -1,7 +1,7 @@
 """A deploy under one agent, on the GPU: does a restart that widened the gaps page, and one that did
 not stay quiet? (issue 27; the CPU twin is tests/system/test_deploy_e2e.py)
 
-    python bench/deploy_restart.py --out DIR              # H200: real clients, < 6 min
+    python bench/deploy_restart.py --out DIR              # H200: real clients, < 5 min
     python bench/deploy_restart.py --out DIR --dry-run    # CPU: the fake CUPTI and torch of tests/fake_site
 
 One `graphmon run` agent; under it this script (the driver) runs, one process after the other:
@@ -19,13 +19,14 @@ Sampling: windows hold the default 4 launches; they come every ``--interval-s`` 
 tracing budget off) instead of every 10-60 s, so that the run fits in minutes. The verdict's delay
 is counted in windows, which the interval does not change.
 
-``DIR/deploy-restart.json``: per process its pid and windows; per restart the verdict at every
-window after it, the windows from the new process's first replay to the verdict and to a
-regression verdict, the final verdict per graph (kind, gap added per replay, flagged streams, each
-stream's shift with its interval), the series per (rank, graph, stream) before and after the
-restart (a count above 1 is a duplicate series), and ``input_series``: the scraped samples of the
-verdict families during the restart, at 1 s, in ``promtool test rules`` notation
-(tests/bench/test_deploy_restart.py replays them through the shipped alert rules).
+``DIR/deploy-restart.json``: per process its pid and windows (its own: the rank's series continue
+through its processes); per restart the verdict at every window after it, the windows from the
+new process's first replay to the verdict and to a regression verdict, the final verdict per graph
+(kind, gap added per replay, flagged streams, each stream's shift with its interval), the series
+per (rank, graph, stream) before and after the restart (a count above 1 is a duplicate series),
+and ``input_series``: the scraped samples of the verdict families during the restart, at 1 s, in
+``promtool test rules`` notation (tests/bench/test_deploy_restart.py replays them through the
+shipped alert rules).
 """
 
 from __future__ import annotations
@@ -169,6 +170,15 @@ class Driver:
     def process(self, pid: int) -> dict:
         return next((p for p in self.status().get("processes", []) if p.get("pid") == str(pid)), {})
 
+    def rank_windows(self, rank: str) -> int:
+        """The rank's windows so far, asked now (the agent's series of a rank continue through its
+        processes: a process's own windows are the growth while it holds the rank)."""
+        try:
+            procs = json.loads(_get(self.base + "/status")).get("processes", [])
+        except Exception:
+            procs = self.status().get("processes", [])
+        return max((p.get("windows_total", 0) for p in procs if p.get("rank") == rank), default=0)
+
     def verdict(self, rank: str, pid: int) -> dict:
         return next((d for d in self.status().get("deploy", []) if d["rank"] == rank and d["reference"] == "previous"
                      and d["current_pid"] == str(pid)), {})
@@ -176,16 +186,17 @@ class Driver:
     def run_process(self, name: str, rank: str, kind: str, change: bool, first: bool) -> dict:
         stop_file = os.path.join(self.args.out, f"stop-{name}")
         cmd, env = self.command(kind, stop_file, change)
+        base = self.rank_windows(rank)
         t0 = time.time()
         proc = subprocess.Popen(cmd, env=env)
         ph = {"name": name, "rank": rank, "kind": kind, "change": change, "pid": proc.pid, "started_s": t0}
         deadline = min(time.monotonic() + self.args.process_timeout_s, self.deadline)
         ready_at = None
         while time.monotonic() < deadline and proc.poll() is None:
-            p = self.process(proc.pid)
-            if p.get("windows_total", 0) and "first_window_s" not in ph:
+            own = self.process(proc.pid).get("windows_total", base) - base
+            if own > 0 and "first_window_s" not in ph:
                 ph["first_window_s"] = time.time() - t0
-            if first and p.get("windows_total", 0) >= FIRST_WINDOWS:
+            if first and own >= FIRST_WINDOWS:
                 break
             v = self.verdict(rank, proc.pid)
             if not first and v.get("state") == "ready":
@@ -193,7 +204,7 @@ class Driver:
                 if v["current_windows"] >= ready_at + WINDOWS_AFTER_VERDICT:
                     break
             time.sleep(0.5)
-        ph["windows"] = self.process(proc.pid).get("windows_total", 0)
+        ph["windows"] = max(0, self.process(proc.pid).get("windows_total", base) - base)
         ph["series"] = series_per_key(self.scraper.last_metrics)
         ph["signatures"] = signatures(self.scraper.last_metrics, rank)
         open(stop_file, "w").close()
@@ -328,7 +339,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-hf", action="store_true", help="rank 0's decode restarts only")
     ap.add_argument("--interval-s", type=float, default=1.0, help="seconds between windows (default 1)")
     ap.add_argument("--process-timeout-s", type=float, default=120.0, help="longest one client process runs")
-    ap.add_argument("--timeout-s", type=float, default=330.0, help="the whole run (default 330: under 6 min)")
+    ap.add_argument("--timeout-s", type=float, default=285.0, help="the whole run (default 285: under 5 min)")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--driver-budget-s", type=float, default=300.0, help=argparse.SUPPRESS)

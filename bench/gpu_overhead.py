@@ -90,9 +90,10 @@ def versions():
         v["nvidia_cuda_cupti"] = version("nvidia-cuda-cupti")
     except Exception as e:
         v["cupti_python"] = repr(e)
+    from graphmon.sources.cupti.api import cupti_api_version
     from graphmon.sources.cupti.libinfo import library_info
 
-    v.update(library_info())  # the libcupti this process loaded (torch loads it at import)
+    v.update(library_info(api_version=cupti_api_version))  # the libcupti this process loaded (torch loads it at import)
     return v
 
 

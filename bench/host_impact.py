@@ -719,9 +719,10 @@ def versions() -> dict:
 
         v["cuda_runtime"] = torch.version.cuda
         v["gpu"] = torch.cuda.get_device_name()
+        from graphmon.sources.cupti.api import cupti_api_version
         from graphmon.sources.cupti.libinfo import library_info
 
-        v.update(library_info())  # the libcupti this process loaded
+        v.update(library_info(api_version=cupti_api_version))  # the libcupti this process loaded
     except Exception as e:
         v["gpu"] = f"unavailable: {e!r}"
     return v
@@ -732,7 +733,7 @@ def start_agent():
     import subprocess
     import tempfile
 
-    sock = os.path.join(tempfile.mkdtemp(prefix="host-impact-"), "agent", "agent.sock")
+    sock = os.path.join(tempfile.mkdtemp(prefix="host-impact-"), "agent.sock")  # the agent creates no folder
     p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", sock],
                          stderr=subprocess.PIPE, text=True)
     p.stderr.readline()  # "serving ... GRAPHMON_AGENT=..." once it listens

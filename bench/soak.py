@@ -394,7 +394,7 @@ def write_md(doc: dict, path: Path) -> None:
         "",
         f"`{doc['command']}` for {s['duration_s'] / 60:.1f} min (window every {c['window_interval_s']} s, "
         f"{c['scrapers']} scrapers, trace store {c['trace_store_count']} windows / {c['trace_store_mib']} MiB), "
-        f"Python {doc['environment']['python']}, {doc['environment']['cpus']} CPUs. Raw samples: `soak.json`.",
+        f"Python {doc['environment']['python']}, {doc['environment']['cpus']} CPUs. Raw samples: `{path.with_suffix('.json').name}`.",
         "",
         "| | start | after warm-up | end | max |",
         "|---|---|---|---|---|",

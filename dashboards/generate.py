@@ -259,12 +259,17 @@ def dashboard(uid: str, title: str, description: str, variables: list[dict[str, 
 # --- the dashboards -------------------------------------------------------------------------
 
 
+# Every graphmon endpoint exports one of these from the start: graphmon_up (serve, in-process)
+# or graphmon_agent_up (an agent, also before any process attached).
+LIVENESS = '__name__=~"graphmon_up|graphmon_agent_up"'
+
+
 def host_vars() -> list[dict[str, Any]]:
     """job, instance, namespace, pod: each narrowed by the ones before it."""
-    out, sel = [], []
+    out, sel = [], [LIVENESS]
     for name, label in (("job", "Job"), ("instance", "Instance"), ("namespace", "Namespace"), ("pod", "Pod")):
-        inner = "{" + ", ".join(sel) + "}" if sel else ""
-        out.append(query_var(name, label, f"label_values(graphmon_up{inner}, {name})"))
+        inner = "{" + ", ".join(sel) + "}"
+        out.append(query_var(name, label, f"label_values({inner}, {name})"))
         sel.append(f'{name}=~"${name}"')
     return out
 
@@ -479,6 +484,27 @@ def health_dashboard() -> dict[str, Any]:
 
     # Processes (issue 12 item 5): one agent, many processes; silent emptiness is counted here.
     p.append(row(lay, "Processes (one agent per pod or host; each process that replays graphs attaches to it)"))
+    p.append(stat(lay, "Processes attached", "Processes attached to each agent (any state but stopped or lost). "
+                  "An agent exports this from the start, so an agent nobody attached to reads 0, not No data; "
+                  "0 for 10 minutes fires GraphmonNoProcessAttached.",
+                  f'sum by ({HOST_BY}) (graphmon_processes{{{HOST_SEL}, state!~"stopped|lost"}})', "{{instance}}",
+                  thresholds=red_below_1, h=6))
+    p.append(timeseries(lay, "Agent: refused, rejected and dropped", "Over the rate window: connections the agent "
+                        "refused by reason (uid, too_many_processes, hello_timeout ...), frames that failed "
+                        "validation by reason, windows the agent did not ingest per rank (queue_full, memory, "
+                        "invalid), and windows a rank's collector dropped before sending and its reconnects.",
+                        targets(
+                            (f"sum by ({HOST_BY}, reason) (increase(graphmon_agent_connections_rejected_total{{{HOST_SEL}}}[{RATE}]))",
+                             "refused {{reason}} {{instance}}"),
+                            (f"sum by ({HOST_BY}, reason) (increase(graphmon_agent_frames_rejected_total{{{HOST_SEL}}}[{RATE}]))",
+                             "bad frame {{reason}} {{instance}}"),
+                            (f"sum by ({by_rank}, reason) (increase(graphmon_agent_windows_dropped_total{{{RANK_SEL}}}[{RATE}]))",
+                             "agent dropped {{reason}} " + WHERE),
+                            (f"sum by ({by_rank}) (increase(graphmon_link_windows_dropped_total{{{RANK_SEL}}}[{RATE}]))",
+                             "collector dropped " + WHERE),
+                            (f"sum by ({by_rank}) (increase(graphmon_link_reconnects_total{{{RANK_SEL}}}[{RATE}]))",
+                             "reconnects " + WHERE),
+                        ), unit="none", w=18, h=6))
     p.append(table(lay, "Processes", "Every attached process: rank, pid, physical device, host and state.",
                    f"graphmon_process_info{{{RANK_SEL}}}", h=6))
     p.append(timeseries(lay, "Last window age per process", "Seconds since each process's last window reached the agent.",

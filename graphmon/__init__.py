@@ -5,7 +5,7 @@ stdlib-only at import time; the exporter, numpy and the CUPTI source (which impo
 lazily) load when ``attach()`` runs.
 """
 
-__version__ = "0.1.0"
+from graphmon.version import __version__  # noqa: E402
 
 # graphmon.attach(...) is the function from graphmon.host.attach.
 from graphmon.host.attach import attach, detach, label_graph  # noqa: E402

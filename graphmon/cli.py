@@ -10,11 +10,11 @@ import json
 import sys
 from typing import Sequence
 
-EXIT_USAGE = 2
+from graphmon.cli_common import (EXIT_USAGE, CliError, _add_log_level, _add_server_flags, _settings_from_args,
+                                 _setup_logging, _warn_if_public)
+from graphmon.cli_live import _add_attach_flags, _cmd_agent, _cmd_record, _cmd_run, _record_description
 
-
-class CliError(Exception):
-    """A one-line error for the user (exit code 2)."""
+PLOT_MAX_GRAPHS = 12
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -30,6 +30,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     _check_plot_path(args.plot)
     if args.top < 1:
         raise CliError("--top must be >= 1")
+    if args.max_graphs < 1:
+        raise CliError("--max-graphs must be >= 1")
+    if (args.graphs or args.max_graphs != PLOT_MAX_GRAPHS) and not args.plot:
+        raise CliError("--graphs and --max-graphs choose what --plot draws: give --plot OUT.png|OUT.html")
     docs = []
     for path in args.paths:
         trace = read_trace(path, progress=args.progress)
@@ -40,7 +44,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         if args.plot:
             from graphmon.report.plots_compare import plot_analysis
 
-            plot_analysis(trace, args.plot, title=f"graphmon analyze {path}")
+            graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
+            left = plot_analysis(trace, args.plot, title=f"graphmon analyze {path}", graphs=graphs,
+                                 max_graphs=args.max_graphs)
+            if left:
+                shown = ", ".join(left[:20]) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+                print(f"graphmon: --plot left out {len(left)} graph{'s' if len(left) != 1 else ''} (--max-graphs "
+                      f"{args.max_graphs}; choose with --graphs NAME,...): {shown}", file=sys.stderr)
     if args.format == "json":
         if len(docs) == 1:
             out = docs[0]
@@ -57,7 +67,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         tty = sys.stdout.isatty()
         sys.stdout.write(json.dumps(out, indent=2 if tty else None, separators=None if tty else (",", ":")) + "\n")
     else:
-        print("\n\n".join(format_table(d, by=args.by) for d in docs))
+        print("\n\n".join(format_table(d, by=args.by, kernel_width=_kernel_width(args)) for d in docs))
     if args.plot:
         print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 0
@@ -76,7 +86,9 @@ def _check_plot_path(path: str | None) -> None:
     try:
         __import__(mod)
     except ImportError:
-        raise CliError(f"--plot {ext} needs {mod}: pip install 'graphmon[ab]'") from None
+        from graphmon.buildinfo import install_hint
+
+        raise CliError(f"--plot {ext} needs {mod}: {install_hint('ab')}") from None
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -116,76 +128,25 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(result.format_table() + "\n" + format_attribution(attr) + "\n" + verdict.format_table(args.fail_on))
+        print(result.format_table() + "\n" + format_attribution(attr, _kernel_width(args)) + "\n"
+              + verdict.format_table(args.fail_on))
     if args.plot:
         from graphmon.report.plots_compare import plot_compare
 
-        plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}")
+        plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}",
+                     regressions=result.regressions,
+                     boundary_regressions=[(g.graph, g.kind) for g in verdict.regressions() if g.why == "boundaries"])
         print(f"graphmon: wrote {args.plot}", file=sys.stderr)
     return 1 if verdict.regressions(args.fail_on) else 0
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
-    """Run the decode-like A/B on the GPU (or redo the report from --from DIR) and write the report."""
-    import os
+    from graphmon.gpu.ab_command import AbInputError, run_ab_command
 
-    if args.source_dir and not args.out:  # its ab.json/ab.txt/ab.png are often the committed report
-        raise CliError(f"--from {args.source_dir} needs --out DIR (the report would overwrite the one in "
-                       f"{args.source_dir}; give --out {args.source_dir} to do that on purpose)")
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CliError("graphmon ab needs matplotlib: pip install 'graphmon[ab]'") from None
-    from graphmon.analysis import ab
-    from graphmon.report.ab_files import load_raw, save_raw
-    from graphmon.report.jsonsafe import json_safe
-    from graphmon.report.plots import plot_ab
-
-    if args.source_dir:
-        arms, meta = load_raw(args.source_dir)
-        out = args.out
-    else:
-        from graphmon.gpu.ab_runner import cuda_problem
-
-        problem = cuda_problem()
-        if problem:
-            raise CliError(f"graphmon ab needs {problem} (or --from DIR to redo a report)")
-        if args.instances < 2:
-            raise CliError("--instances must be >= 2 (the step-time CI resamples instances)")
-        from graphmon.gpu import ab_runner
-        from graphmon.gpu.workloads import decode_like_arms
-
-        factories = decode_like_arms(hidden=args.hidden, layers=args.layers, side_streams=args.side_streams,
-                                     batch=args.batch)
-        if args.baseline == "lazy":
-            factories = {"lazy": factories["lazy"], "uploaded": factories["uploaded"]}
-        arms = ab_runner.run_ab(factories, instances=args.instances, rounds=args.rounds,
-                                replays_per_block=args.replays, windows=args.windows,
-                                window_replays=args.window_replays, seed=args.seed,
-                                progress=lambda m: print(f"graphmon ab: {m}", file=sys.stderr, flush=True))
-        meta = {"command": "graphmon " + " ".join(sys.argv[1:]),
-                "workload": {"hidden": args.hidden, "layers": args.layers, "side_streams": args.side_streams,
-                             "batch": args.batch},
-                "design": {"instances": args.instances, "rounds": args.rounds, "replays_per_block": args.replays,
-                           "windows": args.windows, "window_replays": args.window_replays, "seed": args.seed},
-                "gap_source": "torch.profiler (Kineto) windows read by graphmon's Kineto reader",
-                "environment": ab_runner.environment()}
-        out = args.out or "."
-        save_raw(arms, out, meta)
-    result = ab.analyze_ab(arms, meta=meta)
-    os.makedirs(out, exist_ok=True)
-    doc = json_safe(result.as_dict())
-    with open(os.path.join(out, "ab.json"), "w") as fh:
-        json.dump(doc, fh, indent=2)
-    with open(os.path.join(out, "ab.txt"), "w") as fh:
-        fh.write(result.format_table() + "\n")
-    plot_ab(result, os.path.join(out, "ab.png"))
-    if args.format == "json":
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(result.format_table())
-    return 0
+        return run_ab_command(args)
+    except AbInputError as e:
+        raise CliError(str(e)) from None
 
 
 def bundled_trace_path() -> str:
@@ -195,31 +156,7 @@ def bundled_trace_path() -> str:
     return str(files("graphmon") / "data" / "h200-decode.graphmon.npz")
 
 
-def _settings_from_args(args: argparse.Namespace):
-    from pydantic import ValidationError
-
-    from graphmon.settings import Settings
-
-    over = {k: v for k, v in {
-        "host": args.host, "port": args.port, "token": args.token,
-        "window_interval_s": getattr(args, "window_interval_s", None), "max_graphs": args.max_graphs, "max_streams": args.max_streams,
-        "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
-    }.items() if v is not None}
-    try:
-        return Settings(**over)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise CliError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-
-
-def _warn_if_public(settings) -> None:
-    if settings.is_public and settings.token is None:
-        print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
-              "POST /capture and GET /trace are refused until a token is set", file=sys.stderr)
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import logging
     import math
     import signal
 
@@ -245,7 +182,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
     _warn_if_public(settings)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _setup_logging(args)
     exporter = Exporter(source, settings)
     exporter.start()
     print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{sock.getsockname()[1]}/metrics "
@@ -264,100 +201,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attach_settings(args: argparse.Namespace) -> dict:
-    """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
-    keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "max_traced_share", "max_interval_s",
-            "window_launches", "window_duration_ms", "max_drain_ms", "close", "buffer_size_bytes", "max_buffers",
-            "max_window_records")
-    out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
-    out = {k: v for k, v in out.items() if v is not None}
-    if getattr(args, "window_interval_s", None) is not None:
-        out["interval_s"] = args.window_interval_s
-    return out
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    from graphmon.report.names import KERNEL_WIDTH
+
+    p.add_argument("--wide", action="store_true",
+                   help=f"kernel names whole (default: demangled and cut to {KERNEL_WIDTH} characters from the ends "
+                        "of their longest template arguments, the function name kept)")
 
 
-def _command_argv(args: argparse.Namespace) -> list[str]:
-    argv = list(args.cmd)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        raise CliError(f"no command given (usage: graphmon {args.command} [options] -- python serve.py ...)")
-    return argv
+def _kernel_width(args: argparse.Namespace):
+    from graphmon.report.names import KERNEL_WIDTH
+
+    return None if getattr(args, "wide", False) else KERNEL_WIDTH
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from graphmon.host.launch import cupti_problem, run_command
-
-    argv = _command_argv(args)
-    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
-
-    def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
-        _warn_if_public(settings)
-        problem = cupti_problem()
-        if problem:  # the agent still serves /metrics and /healthz: warn, do not refuse
-            print(f"graphmon: warning: {problem}; no kernel timings will be collected", file=sys.stderr)
-
-    return run_command(argv, _attach_settings(args), ready=warn)
-
-
-def _cmd_record(args: argparse.Namespace) -> int:
-    from graphmon.host.launch import cupti_problem, record_command
-
-    if args.windows < 0:
-        raise CliError("--windows must be >= 0 (0 = every window until the command exits)")
-    argv = _command_argv(args)
-    problem = cupti_problem()
-    if problem:  # nothing could be recorded: say so before the command starts
-        raise CliError(problem)
-    return record_command(argv, args.output, windows=args.windows, settings=_attach_settings(args))
-
-
-def _cmd_agent(args: argparse.Namespace) -> int:
-    from graphmon.host.launch import agent_command
-
-    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
-    return agent_command(_attach_settings(args), socket_path=args.socket)
-
-
-def _add_attach_flags(p: argparse.ArgumentParser) -> None:
-    from graphmon.settings import CuptiSettings
-
-    _add_server_flags(p, replay=False)
-    fields = CuptiSettings.model_fields  # the one source of CUPTI defaults (env GRAPHMON_<FIELD> too)
-    for name, typ, extra in (("interval_s", float, ""), ("max_traced_share", float, ""), ("max_interval_s", float, ""),
-                             ("window_launches", int, ""), ("window_duration_ms", float, ""),
-                             ("max_drain_ms", float, ""), ("buffer_size_bytes", int, ""), ("max_buffers", int, ""),
-                             ("max_window_records", int, "")):
-        f = fields[name]
-        p.add_argument("--" + name.replace("_", "-"), type=typ,
-                       help=f"{f.description} (default {f.default:g}; env GRAPHMON_{name.upper()})" if typ is float
-                       else f"{f.description} (default {f.default}; env GRAPHMON_{name.upper()})")
-    p.add_argument("--close", choices=("drain_first", "disable_first"),
-                   help=f"{fields['close'].description} (default {fields['close'].default}; env GRAPHMON_CLOSE)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
-
-
-def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
-    p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
-    p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
-    p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
-    if replay:
-        p.add_argument("--cardinality", choices=("full", "low"),
-                       help="low: no histogram buckets, quantile summaries only (env GRAPHMON_CARDINALITY)")
-        p.add_argument("--stale-after-s", type=float,
-                       help="drop series of graphs not sampled this long (default 600; env GRAPHMON_STALE_AFTER_S)")
-        p.add_argument("--window-interval-s", type=float,
-                       help="seconds between replayed windows (env GRAPHMON_WINDOW_INTERVAL_S)")
-    p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")
-    p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from graphmon import __version__
-
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` (the subcommand about to run) the CUPTI flags of run and
+    record are built only when it is one of them: their help needs graphmon.settings (pydantic,
+    ~130 ms of imports) that analyze and compare never use."""
     p = argparse.ArgumentParser(prog="graphmon", description="CUDA-graph kernel-gap monitor")
-    p.add_argument("--version", action="version", version=f"graphmon {__version__}")
+    from graphmon.buildinfo import VersionAction
+
+    p.add_argument("--version", action=VersionAction, help="show graphmon's version and build details, then exit")
     sub = p.add_subparsers(dest="command", required=True)
+    full = command not in ("analyze", "serve", "agent", "compare", "ab")  # None (every parser) or run/record
 
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
     a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], raw CUPTI .npz, or Nsight Systems .sqlite export")
@@ -367,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="boundary: the widest kernel boundaries of each graph")
     a.add_argument("--top", type=int, default=10, help="boundaries listed per graph with --by boundary (default 10)")
     a.add_argument("--plot", metavar="OUT.png|OUT.html", help="draw the gap distributions and a replay timeline")
+    a.add_argument("--graphs", metavar="NAME,...", help="--plot: only these graphs (display name, label or key)")
+    a.add_argument("--max-graphs", type=int, default=PLOT_MAX_GRAPHS,
+                   help=f"--plot: at most this many graphs, the most replayed first; the rest are named on stderr "
+                        f"(default {PLOT_MAX_GRAPHS})")
+    _add_wide(a)
     prog = a.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     prog.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
@@ -378,27 +250,34 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replay a recorded trace (default) or collect live with CUPTI in this process")
     sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
     _add_server_flags(sv)
+    _add_log_level(sv)
     sv.set_defaults(func=_cmd_serve)
 
     rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)",
                         description="Without cupti-python, run warns and still serves health metrics "
                         "(record refuses with exit 2: it could record nothing).")
-    _add_attach_flags(rn)
+    _add_attach_flags(rn, full or command == "run")
     rn.set_defaults(func=_cmd_run)
 
     ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
     _add_server_flags(ag, replay=False)
-    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (default: a private "
-                    "temporary directory; use a shared volume for a sidecar)")
+    _add_log_level(ag)
+    ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (env GRAPHMON_AGENT; "
+                    "default: a private temporary directory). Its directory must exist: a volume shared with the engine")
+    ag.add_argument("--allow-uid", action="append", metavar="UID[,UID]",
+                    help="also accept processes of these uids (repeatable; env GRAPHMON_AGENT_ALLOW_UIDS; "
+                    "the agent's own uid always)")
+    ag.add_argument("--allow-gid", action="append", metavar="GID[,GID]",
+                    help="also accept processes with one of these groups, primary or supplementary (repeatable; env "
+                    "GRAPHMON_AGENT_ALLOW_GIDS); the socket is then 0660 and owned by the first, e.g. the pod's fsGroup")
     ag.set_defaults(func=_cmd_agent, interval_s=None, max_traced_share=None, max_interval_s=None, window_launches=None,
                     window_duration_ms=None,
                     window_interval_s=None, max_drain_ms=None, close=None)
     rc = sub.add_parser("record", help="run a command with graphmon attached and save its windows to a trace file",
-                        description="Needs cupti-python in graphmon's environment: without it, record exits 2 "
-                        "before starting the command.")
+                        description=_record_description() if full else None)
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
-    _add_attach_flags(rc)
+    _add_attach_flags(rc, full or command == "record")
     rc.set_defaults(func=_cmd_record)
 
     cp = sub.add_parser("compare", help="flag gap regressions between two traces: per stream and per boundary "
@@ -423,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="... and at least this share of the baseline's median idle time per replay (default 0.02)")
     cp.add_argument("--plot", metavar="OUT.png|OUT.html",
                     help="draw per-stream gap distributions before/after and the per-boundary shift")
+    _add_wide(cp)
     cp.set_defaults(func=_cmd_compare)
 
     abp = sub.add_parser("ab", help="A/B of graph variants on the GPU: uploaded vs lazy decode-like graphs")
@@ -445,24 +325,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from graphmon.host.launch import AgentStartError
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in ``argv`` (the first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _user_errors() -> tuple:
+    """Exceptions that are the user's to fix: one line, exit 2. AgentStartError only once
+    graphmon.host.launch was imported (nothing else raises it)."""
     from graphmon.model.trace import TraceError
 
-    parser = build_parser()
+    launch = sys.modules.get("graphmon.host.launch")
+    return (TraceError, CliError) + ((launch.AgentStartError,) if launch is not None else ())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (TraceError, CliError, AgentStartError) as e:
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            if isinstance(e, FileNotFoundError):
+                print(f"graphmon: error: {e.filename}: no such file", file=sys.stderr)
+                return EXIT_USAGE
+            if isinstance(e, BrokenPipeError):
+                return 0
+            raise
         print(f"graphmon: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except FileNotFoundError as e:
-        print(f"graphmon: error: {e.filename}: no such file", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

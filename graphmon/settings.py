@@ -32,10 +32,13 @@ class CuptiSettings(BaseSettings):
 
     window_launches: int = Field(4, ge=1, description="graph launches per sampling window")
     window_duration_ms: float = Field(20.0, gt=0, description="longest a sampling window stays open")
-    interval_s: float = Field(10.0, gt=0, description="seconds between CUPTI sampling windows, at least")
+    interval_s: float = Field(10.0, gt=0, description="seconds between CUPTI sampling windows, at least: a due "
+                              "window opens on the next graph launch (with none for this long, an idle window, "
+                              "nothing traced)")
     max_traced_share: float = Field(0.0005, gt=0, le=1, description="largest share of the time kernel tracing is on: "
                                     "after a window traced for T s the next waits T/share s (interval_s at least, "
-                                    "max_interval_s at most). Traced steps run slower on the GPU (observer_slowdown); "
+                                    "max_interval_s at most; a window that traced no graph launch or got no record "
+                                    "spends none). Traced steps run slower on the GPU (observer_slowdown); "
                                     "kept under one step in a thousand they stay out of the p99.9")
     max_interval_s: float = Field(60.0, gt=0, description="longest wait between windows that max_traced_share can ask for")
     first_window_s: float = Field(1.0, ge=0, description="seconds from attach to the first window")

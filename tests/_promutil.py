@@ -70,6 +70,17 @@ OTHER_SAMPLES = {
     "graphmon_deploy_graphs_left_out",
     "graphmon_deploy_windows_dropped_total",
     "graphmon_deploy_computations_total",
+    # The agent's own (issues 28 item 2, 31): liveness from the start, what it refused or dropped.
+    "graphmon_agent_up",
+    "graphmon_agent_connections_rejected_total",
+    "graphmon_agent_frames_rejected_total",
+    "graphmon_agent_windows_dropped_total",
+    "graphmon_agent_ranks_dropped_total",
+    "graphmon_agent_connections",
+    "graphmon_agent_buffered_bytes",
+    "graphmon_agent_trace_store_bytes",
+    "graphmon_link_windows_dropped_total",
+    "graphmon_link_reconnects_total",
 }
 CONTRACT_SAMPLES = OTHER_SAMPLES | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 

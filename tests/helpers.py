@@ -228,3 +228,66 @@ def held_out_concentrated(trace: Trace, add_ns: int = 5_000) -> tuple[list[tuple
     for s, p in picks:
         cur = widen_at(cur, g, s, [p], add_ns)
     return picks, cur
+
+
+class AgentClient:
+    """A hand-made process on an agent's Unix socket: hello, heartbeats, windows, raw frames."""
+
+    def __init__(self, socket_path, rank="0", interval_s=10.0, pid=None, hello=True, status=None):
+        import os
+        import socket
+
+        from graphmon.model.wire import encode_message
+
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(socket_path)
+        self.ident = {"rank": rank, "rank_source": "RANK", "pid": str(pid or os.getpid()), "host": "h", "device": "0",
+                      "uuid": "GPU-1", "pci_bus_id": "00000000:10:00.0", "interval_s": interval_s, "first_window_s": 0.0}
+        if hello:
+            self.s.sendall(encode_message("hello", identity=self.ident, status=status or {"state": "running"}))
+
+    def send(self, kind, **fields):
+        from graphmon.model.wire import encode_message
+
+        self.s.sendall(encode_message(kind, **fields))
+
+    def heartbeat(self, state="running", **status):
+        self.send("heartbeat", identity=self.ident, status={"state": state, **status})
+
+    def bye(self):
+        self.send("bye", status={"state": "stopped"})
+
+    def window(self, n_kernels, n_launches=2, status=None, ended_s=None, **header):
+        """A window of ``n_kernels`` kernels on stream 7 of graph 1 (n_launches replays);
+        ``header`` entries replace the encoded header's (hostile senders)."""
+        import time
+
+        from graphmon.model.trace import Trace
+        from graphmon.model.window import Window
+        from graphmon.model.wire import encode_window, frame, split_frame
+
+        corr = np.repeat(np.arange(1, n_launches + 1), n_kernels // n_launches) if n_kernels else np.zeros(0, np.int64)
+        t = Trace.build(start_ns=np.arange(1, n_kernels + 1) * 1000, end_ns=np.arange(1, n_kernels + 1) * 1000 + 400,
+                        stream=np.full(n_kernels, 7), correlation_id=corr, graph_id=np.full(n_kernels, 1),
+                        launches={"correlation_id": np.arange(1, n_launches + 1)})
+        ended_s = time.time() if ended_s is None else ended_s
+        data = encode_window(Window(trace=t, started_s=ended_s - 0.1, ended_s=ended_s), status=status)
+        if header:
+            h, payload = split_frame(bytes(data[4:]))
+            data = frame({**h, **header}, bytes(payload))
+        self.s.sendall(data)
+
+    def closed_by_peer(self, timeout_s=2.0) -> bool:
+        """True once the agent closed this connection (EOF or reset) within ``timeout_s``."""
+        import select
+
+        r, _, _ = select.select([self.s], [], [], timeout_s)
+        if not r:
+            return False
+        try:
+            return self.s.recv(65536) == b""
+        except OSError:
+            return True
+
+    def close(self):
+        self.s.close()

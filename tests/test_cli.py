@@ -264,3 +264,133 @@ def test_analyze_json_is_compact_into_a_pipe_and_indented_on_a_terminal(capsys, 
     assert main(["analyze", "--format", "json", "--no-progress", str(KINETO)]) == 0
     text = "".join(tty.parts)
     assert '\n  "graphs": [' in text and json.loads(text) == doc
+
+
+def test_analyze_gaps_near_6e18_ns_keep_their_mean_and_sum(tmp_path, capsys):
+    """Two gaps of ~6e18 ns on one stream: the int64 sum wrapped to -6.4e18 (mean -3.2e18)."""
+    from graphmon.formats.native import write_trace
+    from graphmon.model.trace import GraphInfo, Trace
+
+    big = 6 * 10**18
+    a = np.array([(1, 11, 1), (big, big + 10, 1), (10**9, 10**9 + 10, 2), (big + 10**9, big + 10**9 + 10, 2)], np.int64)
+    t = Trace.build(start_ns=a[:, 0], end_ns=a[:, 1], stream=np.full(4, 7), correlation_id=a[:, 2],
+                    graph_id=np.ones(4, np.int64), device=np.zeros(4, np.int64),
+                    graphs=[GraphInfo(key="g1", graph_id=1, upload_mode="uploaded", label="big")])
+    path = tmp_path / "big.graphmon.npz"
+    write_trace(t, str(path))
+    (s,) = run_json(capsys, path)["graphs"][0]["streams"]
+    assert s["gap_ns"]["sum"] == 2 * big - 21 and s["gap_ns"]["mean"] == pytest.approx(6e18)
+    assert main(["analyze", "--by", "stream", "--no-progress", str(path)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "-" not in row.split()[-4] and row.split()[-4].startswith("6000000000000")  # the mean column
+
+
+# ---------------------------------------------------------------- issue 29 item 5, issue 28 items 6, 7
+def test_analyze_of_a_kineto_trace_imports_neither_pydantic_nor_tqdm():
+    code = ("import sys, io, contextlib; from graphmon.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['analyze', '--no-progress', {str(KINETO)!r}])\n"
+            "print(rc, sorted(m for m in ('pydantic', 'graphmon.settings', 'tqdm', 'fastapi') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split("\n")[0] == "0 []", r.stdout + r.stderr
+
+
+def test_run_and_record_help_still_show_their_cupti_flags_and_analyze_parses_without_them():
+    from graphmon.cli import build_parser
+
+    p = build_parser("analyze")
+    assert p.parse_args(["analyze", "x.json"]).paths == ["x.json"]
+    for cmd in ("run", "record"):
+        r = subprocess.run([sys.executable, "-m", "graphmon.cli", cmd, "--help"], capture_output=True, text=True)
+        text = " ".join(r.stdout.split())
+        assert r.returncode == 0 and "--window-launches" in text and "env GRAPHMON_WINDOW_LAUNCHES" in text
+
+
+def test_version_names_the_build():
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = {k.strip(): v.strip() for k, v in (ln.split(": ", 1) for ln in r.stdout.splitlines()[1:])}
+    assert r.stdout.startswith("graphmon 0.") and set(lines) >= {"commit", "python", "numpy", "prometheus-client",
+                                                                "decode"}
+    assert lines["numpy"] == np.__version__ and lines["python"].startswith(sys.version.split()[0])
+    head = subprocess.run(["git", "-C", os.path.dirname(__file__), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if head:  # a checkout: its commit, marked dirty when tracked files changed
+        assert lines["commit"].split("-")[0] == head
+    assert lines["decode"] == "native" or "numpy" in lines["decode"] or "off" in lines["decode"]
+
+
+def test_every_long_running_command_takes_log_level(monkeypatch):
+    from graphmon.cli import build_parser
+
+    for cmd in (["serve"], ["agent"], ["run", "--", "x"], ["record", "-o", "x", "--", "x"]):
+        assert build_parser(cmd[0]).parse_args([cmd[0], "--log-level", "WARNING", *cmd[1:]]).log_level == "warning"
+    r = _serve("--port", "0", env={"GRAPHMON_LOG_LEVEL": "loud"})
+    assert r.returncode == 2 and "GRAPHMON_LOG_LEVEL must be one of" in r.stderr
+
+
+@pytest.mark.parametrize("level,shown", [("info", True), ("warning", False)])
+def test_log_level_decides_what_the_agent_logs(level, shown):
+    """The agent logs a process attaching at INFO: shown at --log-level info, not at warning."""
+    tests = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests, os.path.join(tests, "fake_site")]),
+               GRAPHMON_CUPTI_API="cupti:cupti", GRAPHMON_SUBSCRIBE="start")
+    env.pop("GRAPHMON_AGENT", None)
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--log-level", level, "--",
+                        sys.executable, "-c", "import time; time.sleep(1)"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert ("process attached" in r.stderr) == shown, r.stderr
+
+
+def test_boundary_tables_show_demangled_names_cut_in_their_arguments(capsys):
+    assert main(["analyze", "--by", "boundary", "--top", "3", "--no-progress", str(NATIVE)]) == 0
+    text = capsys.readouterr().out
+    rows = [ln for ln in text.splitlines() if " -> " in ln]
+    assert rows and "_Z" not in text
+    assert any("vectorized_elementwise_kernel<8, " in ln for ln in rows)
+    assert main(["analyze", "--by", "boundary", "--top", "3", "--wide", "--no-progress", str(NATIVE)]) == 0
+    wide = capsys.readouterr().out
+    assert "void at::native::vectorized_elementwise_kernel<8, at::native::" in wide and "_Z" not in wide
+
+
+def test_compare_shows_demangled_names(tmp_path, capsys):
+    """Three boundaries +5 us: compare lists them with their kernels, demangled."""
+    from helpers import widen_at
+
+    from graphmon.formats.native import write_trace
+    from graphmon.formats.read import read_trace
+
+    base = read_trace(NATIVE, progress=False)
+    cur = tmp_path / "cur.graphmon.npz"
+    write_trace(widen_at(base, base.graph_names().index("decode_bs2/no_upload"), 154, [10, 40, 100]), cur)
+    assert main(["compare", str(NATIVE), str(cur)]) == 1  # +15 us per replay, concentrated: the gate fails
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if " -> " in ln and "WIDE" in ln]
+    assert len(rows) == 3 and not any("_Z" in ln for ln in rows)
+    assert all(re.search(r"[A-Za-z_]+(<.*>)? -> [A-Za-z_]+", ln.split("WIDE", 1)[1]) for ln in rows)
+
+
+# ---------------------------------------------------------------- issue 28 item 8
+def test_compare_of_a_trace_with_itself_has_zero_width_intervals(capsys):
+    assert main(["compare", "--format", "json", str(NATIVE), str(NATIVE)]) == 0
+    streams = json.loads(capsys.readouterr().out)["streams"]
+    assert len(streams) >= 16
+    assert all(s["shift_ns"] == s["ci_low_ns"] == s["ci_high_ns"] == 0 for s in streams)
+    assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.rstrip().endswith("unchanged")]
+    assert rows and all("[+0, +0]" in ln for ln in rows)
+
+
+def test_install_hints_name_this_checkout_not_a_package_index(monkeypatch, capsys):
+    """graphmon is installed from a checkout: `pip install 'graphmon[ab]'` would fetch nothing."""
+    from graphmon.buildinfo import install_hint
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
+    assert main(["analyze", "--plot", "x.html", str(KINETO)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"graphmon: error: --plot .html needs plotly: {install_hint('ab')}"
+    assert "'graphmon[ab]'" not in err and (f"'{root}[ab]'" in err or "'.[ab]'" in err)
+    assert f"{sys.executable} -m pip install" in err
+    monkeypatch.chdir(root)
+    assert install_hint("cupti") == f"{sys.executable} -m pip install '.[cupti]'"

@@ -1,22 +1,36 @@
-"""The agent's HTTP side: /metrics over every attached process, /status with the process list.
+"""The agent's HTTP side: its own metric families, /metrics rendered per rank, /status, the server.
 
-Plugs into the export layer through its narrow interface ``create_app(snapshots=, capture=,
-trace_lookup=, settings=, extra_status=, extra_collectors=)``: the export collector emits each
-family once over every process's snapshot; the agent adds its process-health families.
+/metrics is rendered by one thread, at most once per ``render_interval_s`` and only in the
+formats scrapers asked for recently; a scrape answers the last body (rendering only when there
+is none yet). Each rank's families are rendered once per snapshot of that rank and reused until
+the rank publishes a new one, so a window of one rank re-renders that rank only (rendering every
+process on every window took 307 ms for 64 processes). The server is ``serve``'s limited one
+(graphmon.export.limits): connection cap, header-read timeout, rate-limited logs.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
 
-from graphmon.export.agent import EMPTY_REASONS, Agent
+from graphmon.export.agent import EMPTY_REASONS, RANK_DROP_REASONS, Agent
+from graphmon.export.ranks import LINK_COUNTERS
+from graphmon.export.collector import SnapshotCollector, build_info
+from graphmon.export.exposition import FORMATS, TEXT, Family, join_families, render_families
+from graphmon.model.wire import WIRE_REASONS
+from graphmon.sources.remote import DROP_REASONS, REJECT_REASONS
 
+log = logging.getLogger("graphmon.agent")
 PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
 DEVICE_INFO_LABELS = ["rank", "device", "UUID", "pci_bus_id", "gpu_name", "host"]
+RENDER_INTERVAL_S = 1.0
+FORMAT_IDLE_S = 300.0  # a format nobody asked for this long is no longer rendered ahead
+DEDUPE = frozenset({"graphmon_build_info"})  # one line per distinct build, whoever exports it
 
 
 def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
@@ -29,12 +43,24 @@ def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
                             labels=DEVICE_INFO_LABELS)
     last = GaugeMetricFamily("graphmon_process_last_window_timestamp_seconds",
                              "Unix time of the last window the agent received from the process.", labels=["rank", "pid"])
+    dropped = CounterMetricFamily("graphmon_agent_windows_dropped",
+                                  "Windows of a rank the agent did not ingest: queue_full (the process sent faster than "
+                                  "the agent ingests), memory (the buffered-bytes budget was full), invalid (failed "
+                                  "validation).", labels=["rank", "reason"])
+    link = {k: CounterMetricFamily(f"graphmon_link_{k}", doc, labels=["rank"]) for k, doc in (
+        ("windows_dropped", "Windows a rank's collector dropped before sending (agent unreachable or slow), "
+                            "summed over its processes and reconnects."),
+        ("reconnects", "Times a rank's collector reconnected to the agent, summed over its processes."))}
     for a in atts:
         i = a.identity()
         info.add_metric([i["rank"], i["pid"], i["device"], i["host"], i["state"]], 1)
         dev.add_metric([i["rank"], i["device"], i["uuid"], i["pci_bus_id"], i["gpu_name"], i["host"]], 1)
         if a.proc.last_window_s is not None:
             last.add_metric([i["rank"], i["pid"]], a.proc.last_window_s)
+        for reason in DROP_REASONS:
+            dropped.add_metric([a.rank, reason], a.series.dropped.get(reason, 0))
+        for k in LINK_COUNTERS:
+            link[k].add_metric([a.rank], a.series.link.total.get(k, 0))
     yield info
     if device_info:
         yield dev
@@ -54,6 +80,54 @@ def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
     for st, n in agent.state_counts().items():
         procs.add_metric([st], n)
     yield procs
+    yield dropped
+    yield from link.values()
+    yield from agent_families(agent)
+
+
+def agent_families(agent: Agent) -> Iterable[Metric]:
+    """The agent's own: liveness, build, what it refused or dropped, what it buffers."""
+    up = GaugeMetricFamily("graphmon_agent_up", "1 while the agent answers: there from the start, with or without "
+                           "processes (dashboards build their variables from it).")
+    up.add_metric([], 1)
+    yield up
+    labels = build_info({})
+    bi = GaugeMetricFamily("graphmon_build_info", "Versions of graphmon and what it runs with (\"\" = unknown).",
+                           labels=list(labels))
+    bi.add_metric(list(labels.values()), 1)
+    yield bi
+    lst = agent.listener
+    rej = CounterMetricFamily("graphmon_agent_connections_rejected",
+                              "Connections to the agent's socket refused or closed before they became a process: "
+                              "uid (another user), too_many_processes, unidentified_evicted (more connections without "
+                              "hello than the cap), hello_timeout, bad_hello.", labels=["reason"])
+    for reason in REJECT_REASONS:
+        rej.add_metric([reason], lst.rejected.get(reason, 0))
+    yield rej
+    bad = CounterMetricFamily("graphmon_agent_frames_rejected", "Frames from processes that failed validation, by "
+                              "what failed (the frame's window or status is dropped; framing errors close the "
+                              "connection).", labels=["reason"])
+    for reason in WIRE_REASONS:
+        bad.add_metric([reason], lst.frames_rejected.get(reason, 0))
+    yield bad
+    conns = GaugeMetricFamily("graphmon_agent_connections", "Open connections to the agent's socket: unidentified "
+                              "(no hello yet) or attached.", labels=["state"])
+    for st, n in lst.counts().items():
+        conns.add_metric([st], n)
+    yield conns
+    buf = GaugeMetricFamily("graphmon_agent_buffered_bytes", "Bytes of frames being received or waiting for ingest, "
+                            "all connections together (bounded by the agent's buffered-bytes budget).")
+    buf.add_metric([], lst.budget.used)
+    yield buf
+    ts = GaugeMetricFamily("graphmon_agent_trace_store_bytes", "Bytes of windows kept for GET /trace, all ranks "
+                           "together (bounded by trace_store_bytes).")
+    ts.add_metric([], agent.traces.nbytes)
+    yield ts
+    gone = CounterMetricFamily("graphmon_agent_ranks_dropped", "Ranks whose series the agent dropped: expired (no "
+                               "process for keep_gone_s) or cap (too many ranks without a process).", labels=["reason"])
+    for reason in RANK_DROP_REASONS:
+        gone.add_metric([reason], agent.ranks_dropped[reason])
+    yield gone
 
 
 class AgentHealthCollector:
@@ -67,23 +141,149 @@ class AgentHealthCollector:
         yield from health_families(self.agent, device_info=False)
 
 
+def _registry(*collectors) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        reg.register(c)
+    return reg
+
+
+class AgentMetrics:
+    """The agent's /metrics bodies, from per-rank pieces (see the module docstring).
+
+    ``extra_errors()``: the HTTP layer's contained errors, added to the first rank (as ``serve``
+    does); ``on_error(stage, exc)`` counts a rank whose families failed to render (it is then
+    exported with its health families only)."""
+
+    def __init__(self, agent: Agent, *, cardinality: str = "full", render_interval_s: float = RENDER_INTERVAL_S,
+                 extra_errors: Callable[[], Mapping[str, int]] = dict,
+                 on_error: Optional[Callable[[str, BaseException], None]] = None,
+                 collectors: Optional[Sequence] = None) -> None:
+        self.agent = agent
+        # agent-level collectors (not per rank), rendered at every render: cheap families only
+        self.collectors = list(collectors) if collectors is not None else [AgentHealthCollector(agent)]
+        self.cardinality = cardinality
+        self.render_interval_s = float(render_interval_s)
+        self._extra_errors = extra_errors
+        self._on_error = on_error
+        self._bodies: dict[str, bytes] = {}
+        self._asked: dict[str, float] = {}  # format -> when a scrape last asked for it
+        self._pieces: dict[tuple[str, str], tuple] = {}  # (rank tag, format) -> (snapshot, extra, families)
+        self._skeleton: dict[str, list[Family]] = {}
+        self._lock = threading.Lock()  # one render at a time
+        self.renders = 0  # bodies rendered
+        self.piece_renders = 0  # ranks rendered (a rank whose snapshot did not change is reused)
+        self.render_threads: set[str] = set()  # names of the threads that rendered (tests: never a reader thread)
+        self.last_render_s = 0.0
+        self._thread: Optional[threading.Thread] = None
+
+    # -------------------------------------------------------------- what a scrape calls
+    def cached(self, fmt: str) -> Optional[bytes]:
+        self._asked[fmt] = time.monotonic()
+        return self._bodies.get(fmt)
+
+    def body(self, fmt: str) -> bytes:
+        """The last body; rendered now only when there is none yet (the first scrape)."""
+        self._asked[fmt] = time.monotonic()
+        got = self._bodies.get(fmt)
+        if got is not None:
+            return got
+        self.render([fmt])
+        return self._bodies[fmt]
+
+    # -------------------------------------------------------------- rendering
+    def start(self, stop: threading.Event) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, args=(stop,), name="graphmon-agent-render", daemon=True)
+            self._thread.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.render_interval_s):
+            now = time.monotonic()
+            formats = [f for f in FORMATS if now - self._asked.get(f, -1e18) < FORMAT_IDLE_S]
+            if formats:
+                try:
+                    self.render(formats)
+                except Exception as e:  # contained: the previous bodies stay
+                    if self._on_error is not None:
+                        self._on_error("scrape", e)
+
+    def render(self, formats=FORMATS) -> None:
+        with self._lock:
+            self.render_threads.add(threading.current_thread().name)
+            atts = self.agent.attached()
+            extra = self._extra_errors()
+            extra_key = tuple(sorted(extra.items()))
+            live = set()
+            for fmt in formats:
+                parts = [self._skeleton_of(fmt)]
+                for n, a in enumerate(atts):
+                    snap = a.aggregator.snapshot()
+                    key = (a.series.tag, fmt)
+                    live.add(key)
+                    ek = extra_key if n == 0 else ()
+                    hit = self._pieces.get(key)
+                    if hit is None or hit[0] is not snap or hit[1] != ek:
+                        hit = self._pieces[key] = (snap, ek, self._piece(snap, extra if n == 0 else None, fmt))
+                    parts.append(hit[2])
+                parts.append(self._agent_part(fmt))
+                self._bodies[fmt] = join_families(parts, fmt, DEDUPE)
+                self.renders += 1
+            for key in [k for k in self._pieces if k not in live and k[1] in formats]:
+                del self._pieces[key]  # a rank the agent dropped
+            self.last_render_s = time.time()
+
+    def _skeleton_of(self, fmt: str) -> list[Family]:
+        # Every family's header, even with no rank attached: the order and HELP/TYPE of a body.
+        sk = self._skeleton.get(fmt)
+        if sk is None:
+            sk = self._skeleton[fmt] = [(n, h, "") for n, h, _ in render_families(
+                _registry(SnapshotCollector(tuple, cardinality=self.cardinality)), fmt)]
+        return sk
+
+    def _piece(self, snap, extra: Optional[Mapping[str, int]], fmt: str) -> list[Family]:
+        self.piece_renders += 1
+        kw = {"cardinality": self.cardinality, "extra_errors": (lambda: extra) if extra else None}
+        try:
+            return render_families(_registry(SnapshotCollector(lambda: (snap,), **kw)), fmt)
+        except Exception as e:  # contained: this rank's health families only; the others are unaffected
+            if self._on_error is not None:
+                self._on_error("scrape", e)
+            try:
+                return render_families(_registry(SnapshotCollector(lambda: (snap,), health_only=True, **kw)), fmt)
+            except Exception:
+                return []
+
+    def _agent_part(self, fmt: str) -> list[Family]:
+        try:
+            return render_families(_registry(*self.collectors), fmt)
+        except Exception as e:
+            if self._on_error is not None:
+                self._on_error("scrape", e)
+            return []
+
+
 def status(agent: Agent) -> dict:
-    from graphmon import __version__
+    from graphmon.version import __version__
 
     procs = agent.process_status()
+    lst = agent.listener
     return {"version": __version__, "mode": "agent", "socket": agent.socket_path,
             "up": any(p["state"] == "running" for p in procs), "processes": procs,
             "processes_by_state": agent.state_counts(), "processes_lost_total": agent.lost_total,
             "empty_windows_total": {r: dict(v) for r, v in agent.empty_total.items()},
-            "link_rejected": dict(agent.listener.rejected), "errors_total": dict(agent.errors)}
+            "link_rejected": dict(lst.rejected), "frames_rejected": dict(lst.frames_rejected),
+            "connections": lst.counts(), "buffered_bytes": lst.budget.used,
+            "trace_store_bytes": agent.traces.nbytes, "ranks_dropped": dict(agent.ranks_dropped),
+            "errors_total": dict(agent.errors)}
 
 
 def _live_incarnations(agent: Agent) -> set[str]:
     """The processes connected now, as the deploy verdict names them (Attached.incarnation)."""
-    return {str(getattr(a, "incarnation", a.key)) for a in agent.attached() if a.gone_s is None}
+    return {a.incarnation for a in agent.attached() if a.gone_s is None}
 
 
-def create_agent_app(agent: Agent):
+def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S):
     from graphmon.export import deploy_metrics
     from graphmon.export.baseline import PooledBaseline
     from graphmon.export.deploy import DeployVerdict
@@ -100,49 +300,44 @@ def create_agent_app(agent: Agent):
     def extra_status() -> dict:
         return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_incarnations(agent), st.max_graphs)}
 
+    # The agent-level collectors of /metrics (AgentMetrics renders them beside the ranks' pieces at
+    # every render, so a new verdict shows within render_interval_s; create_app's own renderer, and
+    # its extra_collectors, do not serve the agent).
+    collectors: list = [AgentHealthCollector(agent), deploy]
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
                      settings=st, extra_status=extra_status, last_window=agent.last_window_id,
-                     extra_collectors=[AgentHealthCollector(agent), deploy], baseline=PooledBaseline(verdict))
+                     baseline=PooledBaseline(verdict))
     app.state.deploy = verdict
-    # every process's new snapshot, and every new verdict, re-renders /metrics off the request path
-    agent.publish_hooks.append(lambda _snap: app.state.renderer.prerender())
-
-    def verdict_changed() -> None:
-        app.state.renderer.invalidate()
-        app.state.renderer.prerender()
-
-    verdict.on_publish.append(verdict_changed)
+    errors = app.state.errors
+    metrics = AgentMetrics(agent, cardinality=agent.settings.cardinality, render_interval_s=render_interval_s,
+                           extra_errors=errors.snapshot, on_error=errors.count, collectors=collectors)
+    app.state.renderer.serve_from(metrics)
+    app.state.agent_metrics = metrics
+    metrics.start(agent._stop)
     return app
 
 
-def render_metrics(agent: Agent) -> bytes:
-    """/metrics as the agent serves it (text format), rendered now: tests and diagnostics."""
-    from graphmon.export.collector import make_registry
-    from graphmon.export.exposition import render
-
-    reg = make_registry(agent.snapshots, cardinality=agent.settings.cardinality,
-                        extra=[AgentHealthCollector(agent)])
-    return render(reg, "text")
+def render_metrics(agent: Agent, fmt: str = TEXT) -> bytes:
+    """/metrics as the agent serves it, rendered now: tests and diagnostics."""
+    m = AgentMetrics(agent, cardinality=agent.settings.cardinality)
+    m.render([fmt])
+    return m._bodies[fmt]
 
 
-def serve_background(agent: Agent, host: str, port: int, timeout_s: float = 10.0):
-    """uvicorn in a daemon thread; returns (server, thread, bound_port) once it listens. The
-    socket is bound here first, so a taken port is one clear error (not a uvicorn log line)."""
-    import socket
+def serve_background(agent: Agent, host: str, port: int, timeout_s: float = 10.0,
+                     render_interval_s: float = RENDER_INTERVAL_S):
+    """The limited uvicorn server (graphmon.export.limits, as ``serve``) in a daemon thread;
+    returns (server, thread, bound_port) once it listens. The socket is bound here first, so a
+    taken port is one clear error (not a uvicorn log line)."""
+    from graphmon.export.limits import bind, make_server
 
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock = bind(host, port)
     except OSError as e:
-        sock.close()
         raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     bound = sock.getsockname()[1]
-    app = create_agent_app(agent)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=bound, log_level="warning", access_log=False,
-                                          lifespan="off"))
+    app = create_agent_app(agent, render_interval_s=render_interval_s)
+    server = make_server(app, agent.settings)
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="graphmon-agent-http", daemon=True)
     t.start()
     deadline = time.monotonic() + timeout_s

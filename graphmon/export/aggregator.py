@@ -352,6 +352,13 @@ class Aggregator:
         sums = np.add.reduceat(np.where(ok, g.values, 0), starts)
         ns = np.add.reduceat(ok.astype(np.int64), starts)
         neg = np.add.reduceat((g.values < 0).astype(np.int64), starts)
+        # The summary's quantiles are of the same gaps as its _count and _sum (and the histogram):
+        # a negative quantile made prometheus_client's OpenMetrics parser refuse the whole scrape.
+        if ok.all():
+            kept, kept_offsets = g.values, g.offsets
+        else:
+            kept, kept_offsets = g.values[ok], np.r_[0, np.cumsum(ns)]
+            q = grouped_quantiles(kept, kept_offsets, GAP_QUANTILES)  # NaN (not exported) for a group with none
         by_key: dict[tuple, list[int]] = {}
         for j in range(len(g)):
             d, gs = gseries[(int(g.device[j]), int(g.graph[j]))]
@@ -363,7 +370,7 @@ class Aggregator:
             if len(js) == 1:
                 self._gap_q[key] = tuple(float(x) for x in q[js[0]])
             else:  # several groups folded into one series: quantiles of their union
-                vals = np.sort(np.concatenate([g.values[g.offsets[j] : g.offsets[j + 1]] for j in js]))
+                vals = np.sort(np.concatenate([kept[kept_offsets[j] : kept_offsets[j + 1]] for j in js]))
                 self._gap_q[key] = tuple(float(x) for x in grouped_quantiles(vals, np.array([0, len(vals)]), GAP_QUANTILES)[0])
 
     def _fold_replays(self, a: Analysis, gseries, ended_s: float) -> None:
@@ -406,7 +413,8 @@ class Aggregator:
             self._last_sampled[key] = ended_s
             qd = {}
             for kind in ("gpu", "busy", "idle"):
-                v = np.sort(getattr(r, REPLAY_KINDS[kind][0])[rows])
+                v = getattr(r, REPLAY_KINDS[kind][0])[rows]
+                v = np.sort(v[(v >= 0) & (v <= MAX_VALUE_NS)])  # the histogram's values: one definition
                 qd[kind] = tuple(float(x) for x in grouped_quantiles(v, np.array([0, len(v)]), REPLAY_QUANTILES)[0])
             self._rep_q[key] = qd
 

@@ -7,6 +7,7 @@ from every snapshot. All times are exported in seconds.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Optional, Sequence
@@ -14,8 +15,9 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from graphmon import __version__
+from graphmon.version import __version__
 from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, REPLAY_KINDS, REPLAY_QUANTILES
+from graphmon.export.guard import base_names
 from graphmon.export.snapshot import Hist, Snapshot
 
 try:
@@ -65,10 +67,22 @@ def _hist_buckets(h: Hist, bounds_ns) -> list[tuple[str, float]]:
 def _add_summary(fam: Metric, labels: dict, quantiles, h: Hist) -> None:
     name = fam.name
     for q, v in quantiles:
-        if v == v:  # NaN: no data
+        if v >= 0:  # NaN: no data; never a negative quantile (OpenMetrics parsers refuse the scrape)
             fam.add_sample(name, {**labels, "quantile": f"{q:g}"}, v * NS)
     fam.add_sample(name + "_count", labels, h.count)
     fam.add_sample(name + "_sum", labels, h.sum_ns * NS)
+
+
+PATH_KEYS = ("source", "path", "trace", "file")  # backend_info values that name a file
+
+
+def _no_path(key: str, value) -> str:
+    """No filesystem path on unauthenticated /metrics: a replayed trace is its base name (relative
+    paths too); absolute paths inside other values are shortened the way /status shortens them."""
+    text = str(value)
+    if key in PATH_KEYS and ("/" in text or "\\" in text):
+        return os.path.basename(text.replace("\\", "/").rstrip("/")) or text
+    return base_names(text)
 
 
 def _dist_version(name: str) -> str:
@@ -253,8 +267,8 @@ class SnapshotCollector:
             for st in STATES:
                 state.add_metric([rank, st], 1 if st == cur else 0)
             # state/reason say why graphmon_up is 0 (e.g. another CUPTI subscriber holds the process).
-            il = {"rank": rank, **{k: str(v) for k, v in s.backend_info.items()},
-                  "state": s.health.state, "reason": s.health.reason[:200]}
+            il = {"rank": rank, **{k: _no_path(k, v) for k, v in s.backend_info.items()},
+                  "state": s.health.state, "reason": base_names(s.health.reason[:200])}
             info = GaugeMetricFamily("graphmon_collector_info", "Collector backend and versions.", labels=list(il))
             info.add_metric(list(il.values()), 1)
             info_fams.append(info)

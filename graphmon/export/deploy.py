@@ -1,8 +1,9 @@
 """The agent's deploy verdict: did the process that took over a rank regress against the one before?
 
-Per rank the agent pools windows (:class:`Pool`). When a new process takes over the rank (another
-incarnation with another pid), the previous process's pool becomes the **reference** of the new
-one; a **pinned** baseline (``POST /baseline``) is a second reference, pooled the same way: the
+Per rank the agent pools windows (:class:`Pool`). When a new process takes over the rank (the
+agent's RankSeries, graphmon.export.ranks: another ``Attached.incarnation`` with another pid; a
+reconnect of the same pid keeps its pool), the previous process's pool becomes the **reference**
+of the new one; a **pinned** baseline (``POST /baseline``) is a second reference, pooled the same way: the
 pinned window and the windows of its process before it. Each reference is compared with the new
 process's pool by :func:`graphmon.analysis.deploy.judge` (``graphmon compare``'s statistics:
 per-stream shift with its interval, boundaries, uniform / concentrated / mixed) as soon as one
@@ -174,6 +175,7 @@ class Result:
 @dataclass
 class _Rank:
     rank: str
+    tag: str  # the rank's series (RankSeries.tag): window ids are "<tag>-w<k>"
     incarnation: str
     pid: str
     current: Pool
@@ -221,7 +223,7 @@ class DeployVerdict:
         if wid is None:
             return
         ident = getattr(attached.proc, "identity", {}) or {}
-        item = (str(attached.rank), str(getattr(attached, "incarnation", attached.key)), str(ident.get("pid", "")),
+        item = (str(attached.rank), attached.series.tag, attached.incarnation, str(ident.get("pid", "")),
                 wid, trace, float(window.ended_s))
         with self._cv:
             if len(self._queue) >= self.queue_max:
@@ -275,8 +277,8 @@ class DeployVerdict:
     def _stored(self, window_id: str) -> Optional[tuple[_Rank, Pool]]:  # lock held
         """A window no pool holds any more, from the trace store: pinned alone."""
         t = self._lookup(window_id) if self._lookup is not None else None
-        key = window_id.partition("-")[0]
-        st = next((s for s in self._ranks.values() if key in (f"p{s.pid}", s.incarnation)), None)
+        tag = window_id.partition("-")[0]  # r<n>: the rank's series (graphmon.export.ranks)
+        st = next((s for s in self._ranks.values() if s.tag == tag), None)
         if t is None or st is None or not (t.graph >= 0).any():
             return None
         pool = Pool(self.max_replays, self.max_bytes)
@@ -354,12 +356,14 @@ class DeployVerdict:
             for item in items:
                 self._pool(*item)
 
-    def _pool(self, rank: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float) -> None:
+    def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float) -> None:
         p = pooled(wid, trace, ended_s)
         with self._lock:
             st = self._ranks.get(rank)
+            if st is not None:
+                st.tag = tag  # the agent may have made the rank's series again (expired): the reference stays
             if st is None:
-                st = self._ranks[rank] = _Rank(rank, incarnation, pid, Pool(self.max_replays, self.max_bytes))
+                st = self._ranks[rank] = _Rank(rank, tag, incarnation, pid, Pool(self.max_replays, self.max_bytes))
             elif st.incarnation != incarnation and not (pid and pid == st.pid):  # a new process took the rank
                 if any(n >= self.thresholds.min_replays for n in st.current.replays().values()):
                     st.previous, st.previous_incarnation, st.previous_pid = st.current, st.incarnation, st.pid
@@ -447,8 +451,8 @@ class DeployVerdict:
 
 
 def _window_id(attached: Any) -> Optional[str]:
-    """The window just ingested, as the agent names it in /status (``p<pid>-w<n>``; capture ids as
-    they are)."""
+    """The window just ingested, as the agent names it in /status and /trace (``r<n>-w<k>``, the
+    rank's series tag; capture ids as they are)."""
     try:
         ws = attached.aggregator.snapshot().windows
     except Exception:
@@ -456,4 +460,4 @@ def _window_id(attached: Any) -> Optional[str]:
     if not ws:
         return None
     w = ws[-1]
-    return w if w.startswith("c") else f"{attached.key}-{w}"
+    return w if w.startswith("c") else f"{attached.series.tag}-{w}"

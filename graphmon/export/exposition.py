@@ -11,7 +11,7 @@ client sends).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -62,11 +62,14 @@ def _escape_label_value(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
-    """The text (0.0.4) or OpenMetrics (1.0.0) body of ``registry``, byte-identical to
-    prometheus_client's ``generate_latest`` of each format (tested)."""
+Family = tuple  # (name, "# HELP ...\n# TYPE ...\n", sample lines): one metric family, rendered
+
+
+def render_families(registry: CollectorRegistry, fmt: str = TEXT) -> list[Family]:
+    """Each family of ``registry`` rendered apart, in collection order (:func:`join_families`
+    puts families of several registries together)."""
     om = fmt == OPENMETRICS
-    out: list[str] = []
+    out: list[Family] = []
     esc: dict[str, str] = {}
     for m in registry.collect():
         name, typ = m.name, m.type
@@ -78,7 +81,7 @@ def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
                 name += "_total"
             elif typ == "unknown":
                 typ = "untyped"
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {typ}\n")
+        lines: list[str] = []
         for smp in m.samples:
             if smp.labels:
                 parts = []
@@ -87,12 +90,48 @@ def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
                     if e is None:
                         e = esc[v] = _escape_label_value(v)
                     parts.append(f'{k}="{e}"')
-                out.append(f"{smp.name}{{{','.join(parts)}}} {floatToGoString(smp.value)}\n")
+                lines.append(f"{smp.name}{{{','.join(parts)}}} {floatToGoString(smp.value)}\n")
             else:
-                out.append(f"{smp.name} {floatToGoString(smp.value)}\n")
-    if om:
+                lines.append(f"{smp.name} {floatToGoString(smp.value)}\n")
+        out.append((m.name, f"# HELP {name} {doc}\n# TYPE {name} {typ}\n", "".join(lines)))
+    return out
+
+
+def join_families(parts: Sequence[Sequence[Family]], fmt: str = TEXT, dedupe: frozenset = frozenset()) -> bytes:
+    """One body from the families of several renders: a family that several parts have is
+    written once (the first part's header), its samples in part order; in families named in
+    ``dedupe`` a sample line that is there already is left out (e.g. one build_info line for
+    many processes of one build)."""
+    order: dict[str, list] = {}
+    for part in parts:
+        for name, header, samples in part:
+            got = order.get(name)
+            if got is None:
+                order[name] = [header, [samples]]
+            else:
+                got[1].append(samples)
+    out: list[str] = []
+    for name, (header, samples) in order.items():
+        out.append(header)
+        if name in dedupe:
+            seen: dict[str, None] = {}
+            for chunk in samples:
+                for line in chunk.splitlines(keepends=True):
+                    seen.setdefault(line, None)
+            out.extend(sorted(seen))
+        else:
+            out.extend(samples)
+    if fmt == OPENMETRICS:
         out.append("# EOF\n")
     return "".join(out).encode("utf-8")
+
+
+def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
+    """The text (0.0.4) or OpenMetrics (1.0.0) body of ``registry``, byte-identical to
+    prometheus_client's ``generate_latest`` of each format (tested)."""
+    fams = render_families(registry, fmt)
+    body = "".join(h + smp for _, h, smp in fams)
+    return (body + "# EOF\n" if fmt == OPENMETRICS else body).encode("utf-8")
 
 
 def render_text(registry: CollectorRegistry) -> bytes:
@@ -110,12 +149,12 @@ class MetricsRenderer:
 
     def __init__(self, get_snapshots: Callable[[], Sequence], make_registry: Callable[[Callable], CollectorRegistry],
                  fallback_registry: Optional[CollectorRegistry] = None, on_error: Optional[Callable] = None):
+        self._provider: Optional[BodySource] = None
         self._get = get_snapshots
         self._make = make_registry
         self._fallback = fallback_registry
         self._on_error = on_error
-        self._cache: dict[str, tuple[tuple, bytes, int]] = {}  # format -> (snapshots, body, generation)
-        self._gen = 0  # bumped by invalidate(): something beside the snapshots changed (the deploy verdict)
+        self._cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (snapshots, body)
         self._lock = threading.Lock()  # one render at a time: bounded transient memory and CPU
         self.renders = 0
 
@@ -123,17 +162,28 @@ class MetricsRenderer:
     def _same(a: Sequence, b: Sequence) -> bool:
         return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
-    def cached(self, fmt: str) -> Optional[bytes]:
-        """The body if it is current (no rendering): cheap enough for the event loop."""
-        snaps = tuple(self._get())
-        hit = self._cache.get(fmt)
-        return hit[1] if hit is not None and hit[2] == self._gen and self._same(hit[0], snaps) else None
+    def serve_from(self, provider: "BodySource") -> None:
+        """Answer /metrics from ``provider`` (its ``cached(fmt)`` and ``body(fmt)``) from now on:
+        the agent renders on a thread of its own, at most once per interval."""
+        self._provider = provider
 
     def invalidate(self) -> None:
-        """The next body is rendered anew (call prerender() after it to render it off the request path)."""
-        self._gen += 1
+        """Forget the cached bodies, after any render in progress stored its body (that one is
+        forgotten too): the next body is rendered from what is current now."""
+        with self._lock:
+            self._cache.clear()
+
+    def cached(self, fmt: str) -> Optional[bytes]:
+        """The body if it is current (no rendering): cheap enough for the event loop."""
+        if self._provider is not None:
+            return self._provider.cached(fmt)
+        snaps = tuple(self._get())
+        hit = self._cache.get(fmt)
+        return hit[1] if hit is not None and self._same(hit[0], snaps) else None
 
     def body(self, fmt: str, stage: str = "scrape") -> bytes:
+        if self._provider is not None:
+            return self._provider.body(fmt)
         if not self._lock.acquire(blocking=False):
             # A render is in progress (normally the pre-render of a snapshot published a moment
             # ago): answer with the body before it rather than queue behind it. It is at most one
@@ -143,9 +193,9 @@ class MetricsRenderer:
                 return hit[1]
             self._lock.acquire()
         try:
-            snaps, gen = tuple(self._get()), self._gen
+            snaps = tuple(self._get())
             hit = self._cache.get(fmt)
-            if hit is not None and hit[2] == gen and self._same(hit[0], snaps):
+            if hit is not None and self._same(hit[0], snaps):
                 return hit[1]
             try:
                 data = render(self._make(lambda: snaps), fmt)
@@ -156,11 +206,19 @@ class MetricsRenderer:
                     raise
                 return render(self._fallback, fmt)
             self.renders += 1
-            self._cache[fmt] = (snaps, data, gen)
+            self._cache[fmt] = (snaps, data)
             return data
         finally:
             self._lock.release()
 
     def prerender(self, *_: object) -> None:
+        if self._provider is not None:
+            return
         for fmt in FORMATS:
             self.body(fmt, stage="publish")
+
+
+class BodySource(Protocol):
+    def cached(self, fmt: str) -> Optional[bytes]: ...
+
+    def body(self, fmt: str) -> bytes: ...

@@ -17,14 +17,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from graphmon import __version__
+from graphmon.version import __version__
 from graphmon.export.baseline import Baseline
 from graphmon.export.collector import make_registry
 from graphmon.export.exposition import CONTENT_TYPES, MetricsRenderer, negotiate
 from graphmon.export.guard import ErrorCounts, Guard, authorized, base_names
+from graphmon.export.scrape import ScrapeBodies, accepts_gzip
 from graphmon.export.snapshot import Snapshot
 from graphmon.export.tracebodies import TraceBodies
 from graphmon.model.window import CaptureRequest
@@ -41,16 +42,42 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>graphmon</t
 <li><a href="openapi.json">openapi.json</a> (POST capture, GET trace/&lt;id&gt;, POST/DELETE baseline)</li></ul></body></html>"""
 
 
+DEFAULT_CAPTURE_REPLAYS = 8  # POST /capture without a bound: 8 replays or 1 s, whichever ends first
+DEFAULT_CAPTURE_MS = 1000.0
+
+
 class CaptureBody(BaseModel):
-    replays: Optional[int] = Field(None, ge=1, description="close the window after this many replays")
+    """The body of POST /capture: JSON whatever its Content-Type (``curl -d '{...}'`` sends it as a
+    form), or form fields (``-d duration_ms=50``); no body or no bound: the defaults."""
+
+    replays: Optional[int] = Field(None, ge=1, description=f"close the window after this many replays "
+                                   f"(neither bound given: {DEFAULT_CAPTURE_REPLAYS} replays or "
+                                   f"{DEFAULT_CAPTURE_MS:g} ms)")
     duration_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="close the window after this long")
     wait_s: float = Field(0.0, ge=0, le=30, description="wait up to this long for the window before answering")
 
     @model_validator(mode="after")
-    def _one_bound(self):
+    def _default_bound(self):
         if self.replays is None and self.duration_ms is None:
-            raise ValueError("give replays or duration_ms")
+            self.replays, self.duration_ms = DEFAULT_CAPTURE_REPLAYS, DEFAULT_CAPTURE_MS
         return self
+
+    @classmethod
+    def from_request(cls, raw: bytes, content_type: str) -> "CaptureBody":
+        """Raises ValueError (pydantic's ValidationError is one) with what is wrong."""
+        if not raw.strip():
+            return cls()
+        if raw.lstrip()[:1] != b"{" and "application/x-www-form-urlencoded" in content_type.lower():
+            from urllib.parse import parse_qs
+
+            try:
+                fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=True, max_num_fields=8)
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ValueError(f"not JSON and not form fields: {e}") from None
+            if any(len(v) != 1 for v in fields.values()):
+                raise ValueError("a form field was given twice")
+            return cls.model_validate({k: v[0] for k, v in fields.items()}, strict=False)
+        return cls.model_validate_json(raw)
 
 
 class BaselineBody(BaseModel):
@@ -82,6 +109,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     # counted so far (this scrape's failure included).
     fallback = make_registry(snapshots, **{**kw, "health_only": True})
     renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
+    scrape = ScrapeBodies(errors.count)
     baseline = baseline if baseline is not None else Baseline(trace_lookup)
     if last_window is None:
         def last_window() -> Optional[str]:
@@ -110,7 +138,16 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
         body = renderer.cached(fmt)  # async: a pre-rendered body is answered with no thread hop
         if body is None:
             body = await run_in_threadpool(renderer.body, fmt)
-        return Response(content=body, media_type=CONTENT_TYPES[fmt])
+        # + this process's process_* families (per scrape); gzip when asked, the snapshot's part
+        # compressed once (graphmon.export.scrape)
+        headers = {"Vary": "Accept-Encoding"}
+        if not accepts_gzip(request.headers.get("accept-encoding")):
+            return Response(content=scrape.plain(body, fmt), media_type=CONTENT_TYPES[fmt], headers=headers)
+        if scrape.gzip_ready(body, fmt):
+            gz = scrape.gzipped(body, fmt)
+        else:
+            gz = await run_in_threadpool(scrape.gzipped, body, fmt)
+        return Response(content=gz, media_type=CONTENT_TYPES[fmt], headers={**headers, "Content-Encoding": "gzip"})
 
     @app.get("/healthz", summary="Liveness of the exporter itself")
     async def healthz() -> dict:
@@ -179,9 +216,21 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
         return out
 
     @app.post("/capture", response_model=CaptureAnswer, summary="Open an on-demand window; returns its trace id "
-              "(bearer token; without one, loopback clients only)")
-    async def capture_window(body: CaptureBody) -> CaptureAnswer:
+              f"(bearer token; without one, loopback clients only). No body: {DEFAULT_CAPTURE_REPLAYS} replays or "
+              f"{DEFAULT_CAPTURE_MS:g} ms",
+              openapi_extra={"requestBody": {"required": False, "content": {
+                  "application/json": {"schema": CaptureBody.model_json_schema()},
+                  "application/x-www-form-urlencoded": {"schema": CaptureBody.model_json_schema()}}}})
+    async def capture_window(request: Request) -> CaptureAnswer:
         # Authentication happened in the Guard, before the body was read.
+        try:
+            body = CaptureBody.from_request(await request.body(), request.headers.get("content-type", ""))
+        except ValidationError as e:
+            why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors()[:4])
+            raise HTTPException(422, f"body must be JSON like {{\"replays\": 8}} or {{\"duration_ms\": 50}} "
+                                     f"(or empty: the defaults): {why[:400]}")
+        except ValueError as e:
+            raise HTTPException(422, f"body must be JSON or form fields (or empty: the defaults): {str(e)[:400]}")
         if body.replays is not None and body.replays > settings.max_capture_replays:
             raise HTTPException(422, f"replays must be <= {settings.max_capture_replays}")
         if body.duration_ms is not None and body.duration_ms > settings.max_capture_ms:

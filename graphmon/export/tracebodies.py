@@ -22,9 +22,12 @@ from starlette.responses import StreamingResponse
 
 from graphmon.formats.native import write_trace_to
 
-# Chrome JSON of a window is capped at this many kernels (~15 MiB, ~0.5 s of host CPU; the
-# rest is flagged otherData.truncated). ?format=graphmon serves the whole window.
+# Chrome JSON of a window is capped at this many kernels (~15 MiB, ~0.5 s of host CPU): whole
+# replays, the earliest first; the document then starts with a graphmonTruncated object and the
+# response carries TRUNCATED_HEADER and a Link to ?format=graphmon, which serves the whole window.
 MAX_TRACE_EVENTS = 100_000
+TRUNCATED_HEADER = "X-Graphmon-Truncated"
+_TRUNCATED_PREFIX = b'{"graphmonTruncated":'
 CHUNK_BYTES = 256 * 1024
 ENCODE_BATCH = 2_000  # events per json.dumps call
 SEND_TIMEOUT_S = 10.0  # a download whose client takes no chunk for this long is cut (frees its slot)
@@ -41,13 +44,17 @@ def render_trace(t: Any, fmt: str, other: Optional[dict] = None) -> bytes:
         return buf.getvalue()
     from graphmon.formats.chrome import to_chrome_trace
 
+    from graphmon.formats.chrome import TRUNCATED_KEY
+
     doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS)
     events = doc.pop("traceEvents")
+    cut = doc.pop(TRUNCATED_KEY, None)
     if other:
         doc.setdefault("otherData", {}).update(other)
     # Encoded in slices with a GIL yield between them: one json.dumps of 100,000 events holds the
     # GIL for hundreds of ms, and the event loop (/healthz, /metrics) would wait that long.
-    parts = ['{"traceEvents":[']
+    # A cut document says so first (what `head` of the file shows).
+    parts = [(_TRUNCATED_PREFIX.decode() + _dumps(cut) + ",") if cut else "{", '"traceEvents":[']
     for i in range(0, len(events), ENCODE_BATCH):
         if i:
             parts.append(",")
@@ -56,6 +63,17 @@ def render_trace(t: Any, fmt: str, other: Optional[dict] = None) -> bytes:
     rest = _dumps(doc)
     parts.append("]" + ("," + rest[1:] if len(rest) > 2 else "}"))
     return "".join(parts).encode("utf-8")
+
+
+def truncation(body: bytes) -> Optional[dict]:
+    """The graphmonTruncated object a rendered Chrome body starts with, or None (not cut)."""
+    if not body.startswith(_TRUNCATED_PREFIX):
+        return None
+    head = body[len(_TRUNCATED_PREFIX) : len(_TRUNCATED_PREFIX) + 4096].decode("utf-8", "replace")
+    try:
+        return json.JSONDecoder().raw_decode(head)[0]
+    except ValueError:
+        return None
 
 
 def _dumps(obj: Any) -> str:
@@ -148,6 +166,10 @@ class TraceBodies:
             media, headers = "application/octet-stream", {"Content-Disposition": f'attachment; filename="{trace_id}.graphmon.npz"'}
         else:
             media, headers = "application/json", {}
+            cut = truncation(body)
+            if cut is not None:  # what a client sees before it reads the body, and where the rest is
+                headers[TRUNCATED_HEADER] = f"{cut.get('kernels_kept')} of {cut.get('kernels')} kernels"
+                headers["Link"] = f'<{trace_id}?format=graphmon>; rel="alternate"; type="application/octet-stream"'
         headers["Content-Length"] = str(len(body))
         return _Download(body, self._release, media_type=media, headers=headers)
 

@@ -39,11 +39,28 @@ def one_line(msg: str, width: int = 400) -> str:
 def progress_bar(show: bool | float, total: int, desc: str):
     """show: False never, True at once (even into a log: the explicit opt-in), a float: only after
     that many seconds and only on a terminal (a bar's carriage returns would clutter a log file)."""
-    from tqdm import tqdm  # only when a file is read, so `import graphmon` stays light
+    off = show is False or (show is not True and not _isatty(sys.stderr))
+    if off:
+        return _NoBar()  # tqdm (and the multiprocessing lock it makes) only when a bar may show
+    from tqdm import tqdm
 
     delay = 0.0 if show is True else float(show)
-    off = show is False or (show is not True and not _isatty(sys.stderr))
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=off, delay=delay, leave=False)
+
+
+class _NoBar:
+    """What the readers use of a tqdm bar, doing nothing."""
+
+    n = 0
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 def _isatty(stream) -> bool:

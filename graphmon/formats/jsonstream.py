@@ -15,7 +15,6 @@ import codecs
 import json
 import re
 import zlib
-from decimal import Decimal
 from typing import Any, BinaryIO, Callable
 
 from graphmon.formats.common import ReadLimits
@@ -26,6 +25,14 @@ CHUNK_BYTES = 1 << 20
 
 class _NonFinite:
     """parse_constant result for NaN / Infinity (legal for Python's json, not for us)."""
+
+
+class FloatText(str):
+    """A JSON number with a fraction or exponent, kept as its literal text (parse_float). The
+    caller converts what it needs exactly (Kineto µs -> integer ns by string arithmetic); a
+    Decimal per float cost more than the rest of the parse (bench/results/parse-kineto.json)."""
+
+    __slots__ = ()
 
 
 _NON_FINITE = _NonFinite()
@@ -42,10 +49,10 @@ class JsonStream:
         self._limits = limits
         self._on_read = on_read
         self._dec = codecs.getincrementaldecoder("utf-8-sig")("strict")
-        # Decimal keeps Kineto's µs with 3 decimals exact: 5351128125842.938 -> ...842938 ns.
-        # Integers stay the C parser's int: fast, and it refuses > 4300 digits (a ValueError).
-        # exact=False (metadata): plain floats, and NaN/Infinity refused (a ValueError below).
-        dec = json.JSONDecoder(parse_float=Decimal, parse_constant=lambda s: _NON_FINITE) if exact else json.JSONDecoder(parse_constant=_refuse_constant)
+        # Floats as their text (FloatText): Kineto's µs with 3 decimals stay exact, 5351128125842.938
+        # -> ...842938 ns. Integers stay the C parser's int: fast, and it refuses > 4300 digits
+        # (a ValueError). exact=False (metadata): plain floats, and NaN/Infinity refused.
+        dec = json.JSONDecoder(parse_float=FloatText, parse_constant=lambda s: _NON_FINITE) if exact else json.JSONDecoder(parse_constant=_refuse_constant)
         self._scan = dec.scan_once  # raw_decode minus a Python frame per event
         self.buf = ""
         self.pos = 0
@@ -128,34 +135,47 @@ class JsonStream:
             if self.expect(",]") == "]":
                 return
 
-    def each(self, fn: Callable[[Any], None]) -> None:
+    def each(self, fn: Callable[[Any], None], skip: "re.Pattern[str] | None" = None) -> int:
         """Call ``fn`` on each element of the array whose '[' was just read, through its ']'.
 
         The same checks as ``value`` + ``expect(",]")`` per element, with a fast path for the
         common case (the element and the separator after it already in the buffer): one scan
-        and two whitespace matches, no method call per element (a quarter of a Kineto read)."""
+        and two whitespace matches, no method call per element (a quarter of a Kineto read).
+        ``skip``: elements this pattern matches whole (at the element's start, in the buffer)
+        are passed over without being decoded; the pattern must match valid JSON only. Returns
+        how many were skipped."""
+        skipped = 0
         if self.peek() == "]":
             self.pos += 1
-            return
+            return skipped
         ws, scan = _WS.match, self._scan
+        match = skip.match if skip is not None else None
         while True:
             buf = self.buf
-            try:
-                v, end = scan(buf, ws(buf, self.pos).end())
-            except (json.JSONDecodeError, StopIteration, ValueError):
-                end = -1  # incomplete or invalid: the careful path reads more or says why
+            at = ws(buf, self.pos).end()
+            m = match(buf, at) if match is not None else None
+            if m is not None:
+                end, v = m.end(), None
+            else:
+                try:
+                    v, end = scan(buf, at)
+                except (json.JSONDecodeError, StopIteration, ValueError):
+                    end = -1  # incomplete or invalid: the careful path reads more or says why
             if 0 <= end < len(buf) - 1:  # a number cannot go on: a non-digit follows it
                 sep = ws(buf, end).end()
                 c = buf[sep] if sep < len(buf) else ""
                 if c == "," or c == "]":
                     self.pos = sep + 1
-                    fn(v)
+                    if m is None:
+                        fn(v)
+                    else:
+                        skipped += 1
                     if c == "]":
-                        return
+                        return skipped
                     continue
             fn(self.value())
             if self.expect(",]") == "]":
-                return
+                return skipped
 
     def expect(self, chars: str) -> str:
         c = self.peek()

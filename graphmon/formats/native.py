@@ -10,10 +10,10 @@ import io
 import json
 import os
 from dataclasses import asdict
+from functools import lru_cache
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphmon.formats.common import ReadLimits, check_counts, require_int
 from graphmon.formats.jsonstream import JsonStream
@@ -55,31 +55,36 @@ def is_native(arrays: Mapping[str, np.ndarray]) -> bool:
 
 # ---------------------------------------------------------------------- meta_json schema
 # Strict: a float, bool or list where an int or str belongs is refused, not coerced. Written
-# files always pass; anything else came from another tool or was tampered with.
-_Count = Annotated[int, Field(strict=True, ge=0)]
+# files always pass; anything else came from another tool or was tampered with. Built on first
+# use: pydantic is ~100 ms of imports that reading a Kineto or nsys trace never needs.
+@lru_cache(maxsize=1)
+def _meta_model():
+    from pydantic import BaseModel, ConfigDict, Field
 
+    count = Annotated[int, Field(strict=True, ge=0)]
 
-class _GraphMeta(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    key: str
-    graph_id: int = -1
-    exec_handle: int = Field(0, ge=0)
-    upload_mode: Literal[UPLOAD_MODES] = "unknown"  # type: ignore[valid-type]
-    upload_stream: int = -1
-    label: str = ""
-    batch_size: int = -1
-    upload_stream_is_launch_stream: Optional[bool] = None
+    class _GraphMeta(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        key: str
+        graph_id: int = -1
+        exec_handle: int = Field(0, ge=0)
+        upload_mode: Literal[UPLOAD_MODES] = "unknown"  # type: ignore[valid-type]
+        upload_stream: int = -1
+        label: str = ""
+        batch_size: int = -1
+        upload_stream_is_launch_stream: Optional[bool] = None
 
+    class _Meta(BaseModel):
+        model_config = ConfigDict(strict=True, extra="ignore")  # later minor additions are ignored
+        format: Literal["graphmon-trace"]
+        version: int
+        names: list[str]
+        labels: list[str]
+        graphs: list[_GraphMeta]
+        invalid: dict[Literal[INVALID_REASONS], count] = {}  # type: ignore[valid-type]
+        meta: dict[str, Any] = {}
 
-class _Meta(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")  # later minor additions are ignored
-    format: Literal["graphmon-trace"]
-    version: int
-    names: list[str]
-    labels: list[str]
-    graphs: list[_GraphMeta]
-    invalid: dict[Literal[INVALID_REASONS], _Count] = {}  # type: ignore[valid-type]
-    meta: dict[str, Any] = {}
+    return _Meta
 
 
 def _parse_meta(raw: bytes, limits: ReadLimits) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def _parse_meta(raw: bytes, limits: ReadLimits) -> dict[str, Any]:
     return out
 
 
-def _validated_meta(raw: bytes, limits: ReadLimits) -> _Meta:
+def _validated_meta(raw: bytes, limits: ReadLimits):
     try:
         doc = _parse_meta(raw, limits)
     except TraceError as e:
@@ -105,8 +110,10 @@ def _validated_meta(raw: bytes, limits: ReadLimits) -> _Meta:
         raise TraceError("not a graphmon trace (format tag missing)")
     if doc.get("version") != FORMAT_VERSION:
         raise TraceError(f"unsupported graphmon trace version {str(doc.get('version'))[:40]!r}")
+    from pydantic import ValidationError
+
     try:
-        meta = _Meta.model_validate(doc)
+        meta = _meta_model().model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])

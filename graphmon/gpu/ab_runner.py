@@ -133,7 +133,7 @@ def environment() -> dict:
                 pass
     except ImportError:
         pass
-    from graphmon import __version__
+    from graphmon.version import __version__
 
     env["graphmon"] = __version__
     return env

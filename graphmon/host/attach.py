@@ -58,6 +58,7 @@ class Recorder:
 
     def __init__(self, path: str, windows: int = 0) -> None:
         self.path, self.max_windows = path, int(windows)
+        self.who = ""  # the process it records, for messages ("rank 0 (pid 12)")
         self.traces: list = []
         self.observer_slowdowns: list = []
         self.lock = threading.Lock()
@@ -76,10 +77,13 @@ class Recorder:
             self.done.set()
 
     def save(self) -> Optional[str]:
+        """Write the windows (once); the path written, or None when there was no window."""
         from graphmon.model.trace import concat
 
         with self.lock:
-            if self.saved or not self.traces:
+            if self.saved:
+                return self.path  # saved when its last window came: the same file
+            if not self.traces:
                 return None
             t = concat(self.traces)
             meta = dict(t.meta)

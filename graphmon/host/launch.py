@@ -104,7 +104,9 @@ def cupti_problem() -> Optional[str]:
 
     if os.environ.get(API_ENV) or importlib.util.find_spec("cupti") is not None:
         return None
-    return "cupti-python is not importable in graphmon's environment: pip install 'graphmon[cupti]'"
+    from graphmon.buildinfo import install_hint
+
+    return f"cupti-python is not importable in graphmon's environment: {install_hint('cupti')}"
 
 
 def _split(settings: Optional[dict]) -> tuple[dict, dict]:
@@ -116,13 +118,16 @@ class AgentStartError(RuntimeError):
     """The agent could not start (port taken, socket path unusable): one line for the user."""
 
 
-def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True):
-    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot."""
+def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional[str] = None, serve: bool = True,
+                peers=None):
+    """Agent + HTTP. Returns (agent, http_server_or_None, bound_port); AgentStartError if it cannot.
+    ``peers``: the PeerPolicy of who may connect (default: this uid)."""
     from graphmon.export.agent import Agent
     from graphmon.settings import Settings
 
     try:
-        agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory).start()
+        agent = Agent(Settings(**agent_kwargs), socket_path=socket_path, recorder_factory=recorder_factory,
+                      peers=peers).start()
     except OSError as e:
         raise AgentStartError(f"agent socket {socket_path or ''}: {e.strerror or e}") from None
     if not serve:
@@ -138,8 +143,9 @@ def start_agent(agent_kwargs: dict, recorder_factory=None, socket_path: Optional
 
 
 def run_command(argv: Sequence[str], settings: Optional[dict] = None, *, recorder_factory=None,
-                serve: bool = True, ready=None) -> int:
-    """Run ``argv`` under an agent; returns its exit code (2: no command, 127: not found)."""
+                serve: bool = True, ready=None, before_stop=None) -> int:
+    """Run ``argv`` under an agent; returns its exit code (2: no command, 127: not found).
+    ``before_stop(agent)``: called once the command has exited, before the agent stops."""
     argv = list(argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -165,7 +171,11 @@ def run_command(argv: Sequence[str], settings: Optional[dict] = None, *, recorde
         hook.cleanup()
         if server is not None:
             server.should_exit = True
-        agent.stop()
+        try:
+            if before_stop is not None:
+                before_stop(agent)
+        finally:
+            agent.stop()
 
 
 def _supervise(proc: subprocess.Popen) -> int:
@@ -197,11 +207,20 @@ def rank_path(path: str, rank: str) -> str:
     return f"{path}.rank{rank}"
 
 
+# graphmon record's own exit codes, when the command itself exited 0 (its code wins otherwise)
+EXIT_NOTHING_RECORDED = 3  # no process attached, or none sent a window: no file written
+EXIT_FEWER_WINDOWS = 4  # a file was written, with fewer windows than --windows asked for
+
+
 def record_command(argv: Sequence[str], output: str, windows: int = 0, settings: Optional[dict] = None) -> int:
     """``graphmon record -o FILE --windows N -- cmd``: the agent keeps each process's windows and
-    saves them (one file per rank when there are several) when N windows came or at exit."""
+    saves them (one file per rank when there are several) when N windows came or at exit.
+
+    Never a silent success: when nothing was recorded (exit 3) or a process sent fewer than N
+    windows (exit 4) it says so, with each attached process's state and reason."""
     output = os.path.abspath(output)
     recorders: list[Recorder] = []
+    states = _StateLog()  # what each attached process reported: sampled while it runs, and at the end
 
     def factory(ident: dict) -> Recorder:
         # one process without a launcher-given rank: the file named; else one file per rank.
@@ -209,30 +228,124 @@ def record_command(argv: Sequence[str], output: str, windows: int = 0, settings:
         # (the device ordinal or the default rank is no launcher-given rank)
         ranked = ident.get("rank_source", "default") not in ("pid", "default", "cuda_device") or recorders
         rec = Recorder(rank_path(output, ident.get("rank", "")) if ranked else output, windows)
+        rec.who = _who(ident)
         recorders.append(rec)
         return rec
 
     try:
-        return run_command(argv, settings, recorder_factory=factory, serve=False)
-    finally:
+        rc = run_command(argv, settings, recorder_factory=factory, serve=False,
+                         ready=lambda agent, port: states.follow(agent), before_stop=states.finish)
+    except BaseException:  # interrupted, or the agent could not start: keep what came, then re-raise
+        states.finish(None)
         for rec in recorders:
-            path = rec.save()
-            if path:
-                print(f"graphmon: recorded {len(rec.traces)} windows to {path}", file=sys.stderr)
+            rec.save()
+        raise
+    code = _report_recording(recorders, states.result(), windows, argv)
+    return code if rc == 0 and code else rc
 
 
-def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = None) -> int:
-    """``graphmon agent``: serve until SIGTERM/SIGINT (a sidecar or DaemonSet)."""
+def _who(ident: dict) -> str:
+    rank, pid = str(ident.get("rank", "")), str(ident.get("pid", ""))
+    if rank and rank != f"pid{pid}":  # a rank made from the pid says nothing more
+        return f"rank {rank} (pid {pid})" if pid else f"rank {rank}"
+    return f"pid {pid}" if pid else "a process"
+
+
+class _StateLog:
+    """Each attached process's state and reason for the final report. A process that failed and
+    then exited reports "stopped" last, so the last state that said something (not running,
+    starting or stopped, or any with a reason) is kept over the final one. Sampled every
+    SAMPLE_S on a thread of its own, ended by :meth:`finish`."""
+
+    SAMPLE_S = 0.25
+    QUIET = ("running", "starting", "stopped")
+
+    def __init__(self) -> None:
+        self._by: dict[str, dict] = {}
+        self._done = threading.Event()
+
+    def follow(self, agent) -> None:
+        def loop() -> None:
+            while not self._done.wait(self.SAMPLE_S):
+                self.sample(agent)
+
+        threading.Thread(target=loop, name="graphmon-record-states", daemon=True).start()
+
+    def sample(self, agent) -> None:
+        for a in agent.attached():
+            try:
+                h = a.health()
+                who = _who(a.identity())
+                now = {"who": who, "state": h.state, "reason": h.reason, "errors": dict(h.errors)}
+            except Exception as e:  # noqa: BLE001 - a report line, never a crash at exit
+                now = {"who": "a process", "state": "unknown", "reason": repr(e), "errors": {}}
+            old = self._by.get(now["who"])
+            telling = now["state"] not in self.QUIET or now["reason"].strip()
+            if old is None or telling or not (old["state"] not in self.QUIET or old["reason"].strip()):
+                self._by[now["who"]] = now
+            else:  # keep the telling state, with the newest error counts
+                old["errors"] = now["errors"]
+
+    def finish(self, agent) -> None:
+        self._done.set()
+        if agent is not None:
+            self.sample(agent)
+
+    def result(self) -> list[dict]:
+        return list(self._by.values())
+
+
+def describe_reason(state: str, reason: str, errors: dict) -> str:
+    """``state: reason``, never with an empty reason: a reason that is empty or ends in ':' (an
+    exception without a message) says so and names the stages that counted errors. A running,
+    starting or stopped process without a reason is just its state."""
+    reason = " ".join((reason or "").split())
+    if not reason and state in _StateLog.QUIET:
+        return state  # nothing to explain
+    if not reason or reason.endswith(":"):
+        stages = ", ".join(f"{k}={v}" for k, v in sorted(errors.items()) if v) or "none counted"
+        reason = (reason.rstrip(": ") + " " if reason else "") + f"(no detail reported; errors: {stages})"
+    return f"{state}: {reason}"
+
+
+def _report_recording(recorders: list[Recorder], processes: list[dict], windows: int, argv: Sequence[str]) -> int:
+    """Save what came, print one line per outcome, return 0, EXIT_NOTHING_RECORDED or EXIT_FEWER_WINDOWS."""
+    err = lambda msg: print(f"graphmon record: {msg}", file=sys.stderr)  # noqa: E731
+    saved, short = 0, []
+    for rec in recorders:
+        path = rec.save()
+        n = len(rec.traces)
+        if path:
+            saved += 1
+            print(f"graphmon: recorded {n} window{'s' if n != 1 else ''} to {path}", file=sys.stderr)
+        if windows and n < windows:
+            short.append((rec, n))
+    states = "; ".join(f"{p['who']}: {describe_reason(p['state'], p['reason'], p['errors'])}" for p in processes)
+    if not recorders:
+        err(f"nothing recorded: no process of {os.path.basename(argv[0]) if argv else 'the command'} attached "
+            "(none captured a CUDA graph under torch; for graphs captured otherwise set GRAPHMON_SUBSCRIBE=start)")
+        return EXIT_NOTHING_RECORDED
+    if not saved:
+        err(f"nothing recorded: {len(recorders)} process{'es' if len(recorders) != 1 else ''} attached and sent no "
+            f"window ({states or 'no state reported'})")
+        return EXIT_NOTHING_RECORDED
+    for rec, n in short:
+        mine = [describe_reason(p["state"], p["reason"], p["errors"]) for p in processes if p["who"] == rec.who]
+        err(f"{rec.who or 'a process'}: recorded {n} of {windows} windows" + (f" to {rec.path}" if n else "")
+            + " (it exited or stopped sampling first" + (f"; last state {mine[0]}" if mine else "") + ")")
+    return EXIT_FEWER_WINDOWS if short else 0
+
+
+def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = None, peers=None) -> int:
+    """``graphmon agent``: serve until SIGTERM/SIGINT (a sidecar or DaemonSet). An explicit
+    ``socket_path``'s directory must exist (a shared volume): nothing but the socket is written."""
     agent_kw, _ = _split(settings)
-    if socket_path:
-        d = os.path.dirname(os.path.abspath(socket_path))
-        os.makedirs(d, mode=0o700, exist_ok=True)
-    agent, server, port = start_agent(agent_kw, socket_path=socket_path)
-    print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
-          f"{AGENT_ENV}={agent.socket_path}", file=sys.stderr, flush=True)
+    agent, server, port = start_agent(agent_kw, socket_path=socket_path, peers=peers)
     done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that says it is ready
         signal.signal(sig, lambda *_: done.set())
+    print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
+          f"{AGENT_ENV}={agent.socket_path} (allowed: {agent.listener.peers.describe()})", file=sys.stderr, flush=True)
     try:
         done.wait()
     finally:

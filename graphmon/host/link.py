@@ -146,9 +146,13 @@ def identity(extra: Optional[dict] = None) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- the link
 class Link:
-    """Process -> agent: hello, windows, heartbeats; agent -> process: capture, stop.
+    """Process -> agent: hello, windows, heartbeats; agent -> process: capture, stop, refused.
 
-    ``send_window`` is called from the collector thread and only encodes and enqueues."""
+    ``send_window`` is called from the collector thread and only encodes and enqueues. A refusal
+    by the agent, a socket this process may not open, or no agent for ``unreachable_warn_s`` is
+    logged once at WARNING (the link keeps retrying with back-off)."""
+
+    unreachable_warn_s = 30.0
 
     def __init__(self, path: str, *, hello: Callable[[], dict], status: Callable[[], dict],
                  on_capture: Callable[[CaptureRequest], None], on_stop: Callable[[], None] = lambda: None,
@@ -161,6 +165,9 @@ class Link:
         self.heartbeat_s = float(heartbeat_s)
         self.reconnect_max_s = float(reconnect_max_s)
         self.stats = {"windows_sent": 0, "windows_dropped": 0, "reconnects": 0, "bad_messages": 0, "connected": 0}
+        self.refusals = 0  # connections the agent refused (it said why in a "refused" message)
+        self._warned: set = set()  # what was logged at WARNING already: once each, the link retries for ever
+        self._unreachable_since: Optional[float] = None
         self._lock = threading.Lock()
         # A self-pipe wakes the link thread's select() when a window is queued: the thread sleeps
         # until there is something to do (no polling: no GIL taken from the host 20 times a second).
@@ -215,13 +222,14 @@ class Link:
     def _run(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
+            connected_s = None
             try:
                 self._connect()
-                backoff = 0.1
+                connected_s = time.monotonic()
                 self._serve()
             except OSError as e:
-                if e.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EPIPE, errno.ECONNRESET, None):
-                    log.debug("graphmon link: %r", e)
+                if not self._read_refusal():  # the agent refused us, said why, and closed
+                    self._connect_failed(e)
             except Exception:
                 self.stats["bad_messages"] += 1
             finally:
@@ -229,14 +237,78 @@ class Link:
             if self._stop.is_set():
                 break
             self.stats["reconnects"] += 1
+            # Back off again at once only after a connection that lasted (an agent restart); one
+            # that ends at once (a refusal) keeps backing off: not 10 reconnects a second.
+            if connected_s is not None and time.monotonic() - connected_s > self.reconnect_max_s:
+                backoff = 0.1
             self._stop.wait(backoff)
             backoff = min(self.reconnect_max_s, backoff * 2)
+
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        (log.debug if key in self._warned else log.warning)(msg, *args)
+        self._warned.add(key)
+
+    def _connect_failed(self, e: OSError) -> None:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            try:
+                st = os.stat(self.path)
+                sock = f"socket uid {st.st_uid} gid {st.st_gid} mode {st.st_mode & 0o777:04o}"
+            except OSError:
+                sock = "socket"
+            self._warn_once(f"perm:{self.path}", "graphmon link: permission denied on the graphmon agent's %s (%s); this "
+                            "process is uid %d gid %d groups %s: start the agent with --allow-gid set to one of this "
+                            "process's groups (the socket is then 0660 in that group; Kubernetes: the pod's fsGroup), "
+                            "see docs/deployment.md. Windows are dropped (counted) until then.", self.path, sock,
+                            os.getuid(), os.getgid(), sorted(os.getgroups()))
+        elif e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            now = time.monotonic()
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+            elif now - self._unreachable_since >= self.unreachable_warn_s:
+                self._warn_once(f"absent:{self.path}", "graphmon link: no graphmon agent at %s for %.0f s (%s); "
+                                "windows are dropped (counted) until it listens there: check %s and the volume "
+                                "shared with the agent", self.path, now - self._unreachable_since,
+                                os.strerror(e.errno), AGENT_ENV)
+        elif e.errno not in (errno.EPIPE, errno.ECONNRESET, None):
+            log.debug("graphmon link: %r", e)
+
+    def _read_refusal(self) -> bool:
+        """After a broken connection: did the agent leave a "refused" message? (It sends one and
+        closes without reading, so our next send fails before we read it.)"""
+        from graphmon.model.wire import FrameReader, WireError, split_frame
+
+        s = self._sock
+        if s is None:
+            return False
+        reader = FrameReader(max_frame_bytes=1 << 16)
+        try:
+            s.setblocking(False)
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                for body in reader.feed(chunk):
+                    header, _ = split_frame(body)
+                    if header.get("type") == "refused":
+                        self._refused(header)
+                        return True
+        except (OSError, WireError):
+            pass
+        return False
+
+    def _refused(self, header: dict) -> None:
+        self.refusals += 1
+        reason, allow = str(header.get("reason", ""))[:300], str(header.get("allow", ""))[:300]
+        self._warn_once(f"refused:{reason}", "graphmon link: the graphmon agent at %s refused this process (pid %d): "
+                        "%s; to be let in, %s. Windows are dropped (counted) until then.", self.path, os.getpid(),
+                        reason, allow)
 
     def _connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5.0)  # a stuck agent blocks this thread at most 5 s per send, never the host
+        self._sock = s  # kept before connect: _read_refusal / _close see it whatever fails
         s.connect(self.path)
-        self._sock = s
+        self._unreachable_since = None
         from graphmon.model.wire import encode_message
 
         s.sendall(encode_message("hello", identity=self._hello(), status=self._safe_status()))
@@ -299,6 +371,8 @@ class Link:
                 self.stats["bad_messages"] += 1
         elif kind == "stop":
             self._on_stop()
+        elif kind == "refused":
+            self._refused(header)
 
     def _safe_status(self) -> dict:
         try:
@@ -340,11 +414,20 @@ class LightCollector:
         st = self.source.stats  # the tracing budget at work: the wait it chose after the last window
         return {"state": h.state, "reason": h.reason, "errors": dict(h.errors), "windows": self.windows,
                 "empty_windows": self.empty_windows,
+                # traced, and no graph launch came (the collector's closed set of empty-window
+                # reasons: no_records above, no_launches here; idle windows are not empty: nothing ran)
+                "empty_windows_no_launches": int(st.get("empty_no_launches") or 0),
                 "sampling": {"next_interval_s": float(st.get("interval_s") or 0.0),
                              "last_traced_ms": float(st.get("traced_ms") or 0.0),
                              # False between windows once idle (idle_unsubscribe_s): no CUPTI in the process
                              "cupti_subscribed": bool(getattr(self.source, "subscribed", False)),
-                             "idle_unsubscribes": int(st.get("idle_unsubscribes") or 0)}}
+                             "idle_unsubscribes": int(st.get("idle_unsubscribes") or 0),
+                             # windows with no graph launch to open them (not traced), and whether
+                             # one waits for a launch now
+                             "idle_windows": int(st.get("idle_windows") or 0),
+                             # kernel ends a forced flush made up, dropped (their replays excluded)
+                             "late_stamped_records": int(st.get("late_stamped_records") or 0),
+                             "armed": bool(getattr(self.source, "armed", False))}}
 
     def _capture(self, req: CaptureRequest) -> None:
         try:

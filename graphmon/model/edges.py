@@ -2,7 +2,9 @@
 
 Window edges cut replays: kernels of a launch made before tracing was enabled, and kernels of
 the launch still running when it was disabled, are missing. Such replays are excluded and
-counted (InvalidReason), never merged into a window's replays.
+counted (InvalidReason), never merged into a window's replays; so is a replay whose timing no
+single launch has (kernels of several launches under one id, overlaps on one stream, a span far
+beyond its graph's usual one).
 
 Why in the model and not in the CUPTI source: a light collector ships its window's records
 unfiltered (WindowRecords) and the agent filters and validates them (model/wire.py), so that a
@@ -18,6 +20,18 @@ import numpy as np
 from graphmon.model.invalid import InvalidReason
 from graphmon.model.trace import KERNEL_COLUMNS, Trace
 from graphmon.model.window import Window, WindowRecords
+
+# A replay no single launch could have made is never averaged in (excluded, counted as
+# overfull_replay): on the H200, HF static-cache generate (torch.compile cudagraph trees, one
+# stream) showed one replay a window with span = busy = 2.1 ms against a median of 0.88 ms and
+# gaps down to -2.09 ms on its one stream (issue 29); quantiles survived, spans and means did not.
+# The bounds, against the shared H200 capture (tests/data/h200-cupti-decode-v1.npz, 480 replays
+# of 6 graphs on 4 streams): its largest span over its graph's median is 1.13, its deepest overlap
+# of two kernels on one stream -384 ns (20 of them; timestamps tick at 32 ns, and programmatic
+# dependent launch lets a kernel start in the tail of the one before it on its stream).
+MAX_SPAN_OVER_MEDIAN = 1.5  # a replay's span beyond this factor of its graph's median span in the window
+MIN_REPLAYS_FOR_MEDIAN = 3  # with fewer replays of a graph the median cannot tell the odd one: no span test
+MIN_STREAM_GAP_NS = -1000  # kernels of one stream serialize: a deeper overlap is not a replay's timing
 
 
 def merged_correlations(corr: np.ndarray, node: Optional[np.ndarray], launch_corr: np.ndarray) -> np.ndarray:
@@ -58,12 +72,37 @@ def _pair_runs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sa[edge[:-1]], np.diff(edge)
 
 
-def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None, node=None):
+def mistimed_replays(start: np.ndarray, end: np.ndarray, stream: np.ndarray, corr: np.ndarray,
+                     graph_id: np.ndarray) -> np.ndarray:
+    """Correlation ids of replays whose timing no single replay has: a gap below
+    ``MIN_STREAM_GAP_NS`` between consecutive kernels of one stream, or a span beyond
+    ``MAX_SPAN_OVER_MEDIAN`` times its graph's median span (graphs with at least
+    ``MIN_REPLAYS_FOR_MEDIAN`` replays). The columns hold one window's complete graph replays."""
+    if not len(corr):
+        return np.zeros(0, np.int64)
+    o = np.lexsort((start, stream, corr))
+    c, s, e, st = corr[o], start[o], end[o], stream[o]
+    same = (c[1:] == c[:-1]) & (st[1:] == st[:-1])
+    bad = [np.unique(c[1:][same & (s[1:] - e[:-1] < MIN_STREAM_GAP_NS)])]
+    heads = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])  # replays, in correlation order
+    span = np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads)
+    rg = graph_id[o][heads]
+    for g in np.unique(rg).tolist():
+        m = rg == g
+        if m.sum() >= MIN_REPLAYS_FOR_MEDIAN:
+            bad.append(c[heads][m][span[m] > MAX_SPAN_OVER_MEDIAN * np.median(span[m])])
+    return np.unique(np.concatenate(bad))
+
+
+def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.ndarray, valid=None, node=None,
+                     start=None, end=None, stream=None):
     """Mask of kernels to keep + counts of excluded ones by reason. Graph kernels are kept when
     their launch was seen inside the window and their replay has the graph's usual kernel count
     in the window (the most common count among its replays). Kernels that are not ``valid``
     (e.g. zero timestamps: launched but not run before tracing stopped) do not count towards a
-    replay's kernels; they are left for Trace.build to exclude under their reason.
+    replay's kernels; they are left for Trace.build to exclude under their reason. Given the
+    times (``start``, ``end``, ``stream``), a complete replay that is mistimed
+    (:func:`mistimed_replays`) is excluded as overfull too.
 
     Why the most common count and not the largest: on the H200, with a loop running far ahead of
     the GPU, one correlation id once carried ~10 launches' kernels (9,924 on 19 streams); taking
@@ -106,6 +145,14 @@ def complete_replays(graph_id: np.ndarray, corr: np.ndarray, launch_corr: np.nda
             if drop.any():
                 invalid[reason.value] = invalid.get(reason.value, 0) + int(drop.sum())
                 keep[sel[drop]] = False
+    if start is not None and end is not None and stream is not None:
+        sel = np.flatnonzero(keep & g & (True if valid is None else valid))
+        odd = mistimed_replays(start[sel], end[sel], stream[sel], corr[sel], graph_id[sel])
+        if len(odd):
+            drop = keep & g & np.isin(corr, odd)  # (its invalid kernels too: Trace.build would count them apart)
+            invalid[InvalidReason.OVERFULL_REPLAY.value] = (invalid.get(InvalidReason.OVERFULL_REPLAY.value, 0)
+                                                           + int(drop.sum()))
+            keep &= ~drop
     return keep, invalid
 
 
@@ -115,7 +162,7 @@ def assemble(r: WindowRecords) -> Window:
     k = r.kernels
     valid = (k["start_ns"] > 0) & (k["end_ns"] >= k["start_ns"])
     keep, invalid = complete_replays(k["graph_id"], k["correlation_id"], r.launches["correlation_id"], valid=valid,
-                                     node=k["graph_node_id"])
+                                     node=k["graph_node_id"], start=k["start_ns"], end=k["end_ns"], stream=k["stream"])
     cols = {name: k[name] if keep.all() else k[name][keep] for name in KERNEL_COLUMNS}
     for reason, n in r.invalid.items():
         invalid[reason] = invalid.get(reason, 0) + int(n)

@@ -27,6 +27,8 @@ class InvalidReason(str, Enum):
     LAUNCHED_OUTSIDE_WINDOW = "launched_outside_window"
     PARTIAL_REPLAY = "partial_replay"
     NO_CORRELATION = "no_correlation"
+    # more than one replay: several launches under one id, or a timing no single replay has (an
+    # overlap on one stream, a span far beyond its graph's median: model/edges.mistimed_replays)
     OVERFULL_REPLAY = "overfull_replay"
 
     def __str__(self) -> str:

@@ -5,41 +5,19 @@ from __future__ import annotations
 import math
 
 from graphmon.analysis.boundaries import Attribution
+from graphmon.report.names import KERNEL_WIDTH, display_kernel
 
-_DROP = ("void ", "at::native::", "(anonymous namespace)::")
-
-
-def short_kernel(name: str, width: int = 60) -> str:
-    """A kernel name that fits a table column: nested template arguments and parameters folded."""
-    s = name
-    for d in _DROP:
-        s = s.replace(d, "")
-    out: list[str] = []
-    depth = 0
-    for ch in s:  # a handful of names per table: a character loop is fine here
-        if ch in "<(":
-            depth += 1
-            if depth == 2 and ch == "<":
-                out.append("<…>")
-            elif depth == 1:
-                out.append(ch)
-        elif ch in ">)":
-            depth = max(0, depth - 1)
-            if depth == 0:
-                out.append(ch)
-        elif depth <= 1:
-            out.append(ch)
-    s = "".join(out).replace("()", "").strip()
-    if s.endswith(")") and "(" in s:  # the parameter list of the kernel: not needed to recognise it
-        s = s[: s.rindex("(")]
-    return s if len(s) <= width else s[: width - 1] + "…"
+def short_kernel(name: str, width: int | None = KERNEL_WIDTH) -> str:
+    """A kernel name that fits a table column (graphmon.report.names: demangled, folded, cut in the
+    middle of its template arguments; None: the whole demangled name)."""
+    return display_kernel(name, width)
 
 
 def _f(v: float, spec: str = ".0f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def format_attribution(attr: Attribution) -> str:
+def format_attribution(attr: Attribution, width: int | None = KERNEL_WIDTH) -> str:
     lines = ["", f"boundaries (two consecutive kernels of a replay on one stream): moved = median +{attr.min_shift_ns:g} ns "
                  f"and +{attr.min_rel:.0%} and current p25 > baseline p75; widened = moved by >= {attr.widened_min_shift_ns:g} ns"]
     for g in attr.graphs:
@@ -61,13 +39,13 @@ def format_attribution(attr: Attribution) -> str:
             st = str(b.stream_baseline) if b.stream_baseline == b.stream_current else f"{b.stream_baseline}->{b.stream_current}"
             lines.append(
                 f"  {st:>10} {b.position:>4} {b.at_us:8.1f} {b.median_baseline_ns:9.0f} {b.median_current_ns:9.0f} "
-                f"{b.shift_ns:+9.0f}  {'WIDE ' if b.flagged else 'moved' if b.moved else '     '}  {short_kernel(b.kernel_before, 50)} -> "
-                f"{short_kernel(b.kernel_after, 50)}"
+                f"{b.shift_ns:+9.0f}  {'WIDE ' if b.flagged else 'moved' if b.moved else '     '}  {short_kernel(b.kernel_before, width)} -> "
+                f"{short_kernel(b.kernel_after, width)}"
             )
     return "\n".join(lines)
 
 
-def format_widest(graphs: list[dict]) -> str:
+def format_widest(graphs: list[dict], width: int | None = KERNEL_WIDTH) -> str:
     lines = []
     for g in graphs:
         lines.append("")
@@ -79,6 +57,6 @@ def format_widest(graphs: list[dict]) -> str:
             lines.append(
                 f"  {b['stream']:>8} {b['position']:>4} {b['at_us']:8.1f} {b['gap_ns']['p50']:9.0f} "
                 f"{b['gap_ns']['p90']:9.0f} {_f(share * 100 if share is not None else None, '5.1f')}%  "
-                f"{short_kernel(b['kernel_before'], 50)} -> {short_kernel(b['kernel_after'], 50)}"
+                f"{short_kernel(b['kernel_before'], width)} -> {short_kernel(b['kernel_after'], width)}"
             )
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from graphmon.model.trace import Trace, TraceError
 TICK_NS = 32  # CUPTI kernel timestamps on H100/H200 advance in 32 ns steps
 FLOOR_NS = 16  # gaps <= this (zero and overlaps) are drawn here: a log axis has no 0
 LOG_TICKS_NS = (32, 100, 320, 1_000, 3_200, 10_000, 32_000, 100_000, 320_000, 1_000_000)
-MAX_GRAPHS = 4
+MAX_GRAPHS = 4  # compare --plot: the graphs that changed most
 BEFORE, AFTER = "#1f77b4", "#d62728"
 STREAM_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 
@@ -85,8 +85,12 @@ def _gap_panel(title: str, pairs: list[tuple[str, np.ndarray, str]], tag: str = 
 
 
 # ---------------------------------------------------------------------- figure descriptions
-def compare_panels(attr: Attribution) -> list[list[Panel]]:
-    """Rows of panels for ``compare --plot``: the graphs that changed first (at most MAX_GRAPHS)."""
+def compare_panels(attr: Attribution, regressions=()) -> list[list[Panel]]:
+    """Rows of panels for ``compare --plot``: the graphs that changed first (at most MAX_GRAPHS).
+
+    ``regressions``: the StreamShift rows ``compare`` flagged (``Comparison.regressions``): a stream
+    panel says REGRESSION exactly when the text verdict does (one verdict for text and plot)."""
+    flagged = {(r.graph, r.device, r.stream_baseline, r.stream_current) for r in regressions}
     changed = [g for g in attr.graphs if g.verdict != "none"]
     # Only the graphs with widened boundaries (the largest change first); with none, the first graph.
     graphs = sorted(changed, key=lambda g: -abs(g.gap_change_ns))[:MAX_GRAPHS] or attr.graphs[:1]
@@ -96,7 +100,7 @@ def compare_panels(attr: Attribution) -> list[list[Panel]]:
         row = []
         for rank, (s_b, s_c, vb, vc) in sorted(gaps.items()):
             st = f"{s_b}" if s_b == s_c else f"{s_b}->{s_c}"
-            flag = " WIDENED" if s_b in g.flagged_streams else ""
+            flag = " REGRESSION" if (g.graph, g.device, s_b, s_c) in flagged else ""
             row.append(_gap_panel(f"{g.graph} stream {st}{flag}",
                                   [("before", vb, BEFORE), ("after", vc, AFTER)], tag=f"{g.graph} stream {st}"))
         rows.append(row)
@@ -118,11 +122,13 @@ def compare_panels(attr: Attribution) -> list[list[Panel]]:
     return rows
 
 
-def analyze_panels(trace: Trace, b: Boundaries, replays) -> list[list[Panel]]:
-    """Rows of panels for ``analyze --plot``: gap ECDF per stream and one replay's timeline per graph."""
+def analyze_panels(trace: Trace, b: Boundaries, replays, pairs: list | None = None) -> list[list[Panel]]:
+    """Rows of panels for ``analyze --plot``: gap ECDF per stream and one replay's timeline per graph
+    (``pairs``: the (device, graph) to draw; default: every graph with gaps)."""
     names = trace.graph_names()
     rows: list[list[Panel]] = []
-    pairs = np.unique(np.stack([b.device, b.graph], axis=1), axis=0).tolist()[:MAX_GRAPHS]
+    if pairs is None:
+        pairs = np.unique(np.stack([b.device, b.graph], axis=1), axis=0).tolist()
     group = np.repeat(np.arange(len(b)), b.counts)
     for dev, g in pairs:
         sel = (b.device == dev) & (b.graph == g)
@@ -178,20 +184,46 @@ def _zero_range(p: Panel) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _write_png(rows, path, title) -> None:
+def wrap_title(title: str, chars: int) -> list[str]:
+    """A long title (a long trace path) in lines of at most ``chars`` characters, cut at spaces or
+    path separators: a figure clips a title wider than itself."""
+    import textwrap
+
+    parts = textwrap.wrap(title, chars, break_long_words=False, break_on_hyphens=False)
+    out = []
+    for p in parts:  # a word longer than the line (a path): cut after a separator
+        while len(p) > chars:
+            cut = max(p.rfind("/", 0, chars), p.rfind("\\", 0, chars))
+            cut = cut + 1 if cut > 0 else chars
+            out.append(p[:cut])
+            p = p[cut:]
+        out.append(p)
+    return out
+
+
+def png_figure(rows, title):
+    """The matplotlib figure of ``rows`` (closed by the caller)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     ncols = max(len(r) for r in rows if not r[0].wide) if any(not r[0].wide for r in rows) else 1
-    fig = plt.figure(figsize=(4.6 * max(ncols, 2), 3.4 * len(rows)), constrained_layout=True)
+    width_in = 4.6 * max(ncols, 2)
+    fig = plt.figure(figsize=(width_in, 3.4 * len(rows) + 0.3), constrained_layout=True)
     grid = fig.add_gridspec(len(rows), ncols)
     for i, row in enumerate(rows):
         for j, p in enumerate(row):
             ax = fig.add_subplot(grid[i, :] if p.wide else grid[i, j])
             _draw_mpl(ax, p)
-    fig.suptitle(title)
+    fig.suptitle("\n".join(wrap_title(title, int(width_in * 72 / (12 * 0.62)))), fontsize=12)  # ~0.62 em a char
+    return fig
+
+
+def _write_png(rows, path, title) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = png_figure(rows, title)
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -236,7 +268,9 @@ def html_figure(rows: list[list[Panel]], title: str):
     try:
         from plotly.subplots import make_subplots
     except ImportError:
-        raise TraceError("--plot .html needs plotly: pip install 'graphmon[ab]' (or write a .png)") from None
+        from graphmon.buildinfo import install_hint
+
+        raise TraceError(f"--plot .html needs plotly: {install_hint('ab')} (or write a .png)") from None
     import plotly.graph_objects as go
 
     ncols = max(len(r) for r in rows)
@@ -271,22 +305,56 @@ def html_figure(rows: list[list[Panel]], title: str):
             for k, (x, y, text) in enumerate(p.notes):
                 fig.add_annotation(x=x, y=y, text=text, showarrow=False, yshift=-12 - 12 * (k % 3), xshift=40,
                                    font={"size": 10}, row=i, col=j)
-    # Room on the right for the legend (series names carry their panel).
-    fig.update_layout(title=title, height=440 * len(rows), width=560 * max(ncols, 2) + 450, barmode="overlay",
-                      showlegend=True)
+    # Room on the right for the legend (series names carry their panel); the title wrapped to the
+    # figure's width (~8 px a character at plotly's 17 px title font).
+    width = 560 * max(ncols, 2) + 450
+    lines = wrap_title(title, width // 10)
+    fig.update_layout(title={"text": "<br>".join(lines)}, height=440 * len(rows) + 24 * len(lines), width=width,
+                      barmode="overlay", showlegend=True, margin={"t": 60 + 24 * len(lines)})
     return fig
 
 
-def plot_compare(attr: Attribution, path: str, title: str = "graphmon compare: kernel gaps before / after") -> None:
-    write_figure(compare_panels(attr), path, title)
+def plot_compare(attr: Attribution, path: str, title: str = "graphmon compare: kernel gaps before / after",
+                 regressions=(), boundary_regressions=()) -> None:
+    """``regressions``: ``Comparison.regressions`` of the same comparison (titles follow its verdict);
+    ``boundary_regressions``: (graph, kind) of graphs that regressed by their boundaries alone
+    (graphmon.analysis.deploy, no stream flagged): the title names them, as compare's verdict does."""
+    n = len(regressions)
+    parts = [f"REGRESSION on {n} stream{'s' if n != 1 else ''}"] if n else []
+    parts += [f"REGRESSION ({kind} boundaries) in {graph}" for graph, kind in boundary_regressions]
+    verdict = "; ".join(parts) or "no regression"
+    write_figure(compare_panels(attr, regressions), path, f"{title}: {verdict}")
 
 
-def plot_analysis(trace: Trace, path: str, title: str = "graphmon analyze: kernel gaps") -> None:
+def plot_analysis(trace: Trace, path: str, title: str = "graphmon analyze: kernel gaps", graphs=None,
+                  max_graphs: int = 12) -> list[str]:
+    """Draw the graphs named in ``graphs`` (display name, label or key; default: every graph, the
+    most replayed first, at most ``max_graphs``). Returns the names of graphs the cap left out."""
     from graphmon.analysis.boundaries import boundary_gaps
     from graphmon.analysis.replays import analyze
 
     b = boundary_gaps(trace)
-    n = len(np.unique(np.stack([b.device, b.graph], axis=1), axis=0)) if len(b) else 0
-    if n > MAX_GRAPHS:
-        title += f" (first {MAX_GRAPHS} of {n} graphs)"
-    write_figure(analyze_panels(trace, b, analyze(trace).replays), path, title)
+    replays = analyze(trace).replays
+    names = trace.graph_names()
+    have = [tuple(p) for p in np.unique(np.stack([b.device, b.graph], axis=1), axis=0).tolist()] if len(b) else []
+    if graphs:
+        want = list(dict.fromkeys(graphs))
+        unknown = [w for w in want if not any(w in (names[g], trace.graphs[g].label, trace.graphs[g].key)
+                                              for _, g in have)]
+        if unknown:
+            raise TraceError(f"--graphs: no graph {', '.join(map(repr, unknown))} with gaps in this trace "
+                             f"(graphs: {', '.join(names[g] for _, g in have)})")
+        chosen = [(d, g) for d, g in have if {names[g], trace.graphs[g].label, trace.graphs[g].key} & set(want)]
+    else:
+        count = dict.fromkeys(have, 0)
+        for dg in zip(replays.device.tolist(), replays.graph.tolist()):
+            if dg in count:
+                count[dg] += 1
+        chosen = sorted(have, key=lambda dg: -count[dg])[: max(1, max_graphs)]
+    chosen = sorted(chosen)
+    several = len({d for d, _ in have}) > 1
+    left = [] if graphs else [names[g] + (f" (device {d})" if several else "") for d, g in have if (d, g) not in chosen]
+    if len(chosen) < len(have):
+        title += f" ({len(chosen)} of {len(have)} graphs)"
+    write_figure(analyze_panels(trace, b, replays, [list(p) for p in chosen]), path, title)
+    return left

@@ -157,6 +157,10 @@ def analysis_json(a: Analysis, by: str = "graph", source: str | None = None, top
         from graphmon.analysis.boundaries import widest
 
         doc["boundaries"] = widest(t, top)
+    cut = t.meta.get("truncated")
+    if isinstance(cut, dict):  # graphmon's own Chrome JSON past its kernel cap (formats.chrome)
+        doc["truncated"] = {"kernels": cut.get("kernels"), "kernels_kept": cut.get("kernels_kept"),
+                            "complete": "the native format: /trace/<id>?format=graphmon"}
     if source is not None:
         doc["source"] = source
     return doc

@@ -14,7 +14,8 @@ def _fmt_ns(v: float) -> str:
     return f"{v / 1e6:.3f} ms"
 
 
-def format_table(doc: dict, by: str = "graph") -> str:
+def format_table(doc: dict, by: str = "graph", kernel_width: int | None = 60) -> str:
+    """``kernel_width``: kernel names cut to this many characters (--by boundary); None: whole."""
     lines = []
     if doc.get("source"):
         lines.append(f"== {doc['source']}")
@@ -22,10 +23,14 @@ def format_table(doc: dict, by: str = "graph") -> str:
         f"{doc['kernels']} kernels, {doc['replays']} replays, {doc['non_graph_kernels']} outside graphs; "
         f"invalid: {doc['invalid_records'] or 'none'}"
     )
+    cut = doc.get("truncated")
+    if cut:
+        lines.append(f"note: a cut trace: {cut['kernels_kept']} of {cut['kernels']} kernels (whole replays, the "
+                     f"earliest); {cut['complete']} holds them all")
     if by == "boundary":
         from graphmon.report.boundary_tables import format_widest
 
-        return "\n".join(lines) + "\n" + format_widest(doc.get("boundaries", []))
+        return "\n".join(lines) + "\n" + format_widest(doc.get("boundaries", []), kernel_width)
     if by == "stream":
         hdr = f"{'dev':>3} {'stream':>8} {'gaps':>9} {'p10':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'mean':>10} {'neg':>5}  graphs"
         lines.append(hdr)

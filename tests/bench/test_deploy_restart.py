@@ -46,6 +46,9 @@ def test_the_memcpy_restart_flags_within_three_windows_and_the_others_do_not(res
     assert g["kind"] == "uniform" or (not result["dry_run"] and g["kind"] in ("concentrated", "mixed"))
     assert g["gap_added_ns"] > 0 and g["flagged_streams"]
     assert changed["series_before"] and changed["series_after"]
+    for r in result["restarts"]:  # one series per (rank, graph, stream): the successor took the rank's over
+        assert r["series_before"].keys() <= r["series_after"].keys()
+        assert set(r["series_after"].values()) == {1}, r["series_after"]
     sig = {p["name"]: p["signatures"] for p in result["phases"]}
     assert sig["decode1"]["cap1"] and sig["decode2"]["cap1"]  # graphmon_graph_info carries the signature
     for r in (_restart(result, "none", "0"), _restart(result, "none", "1")):

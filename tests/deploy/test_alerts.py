@@ -110,6 +110,9 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
         ("GraphmonDeployRegression", "(graphmon_deploy_stream_regression == 1)",
          "(graphmon_deploy_stream_regression >= 0)", "a stream the regression does not point at pages"),
         ("GraphmonDeployRegression", "5m", "1m", "a verdict that held 3 minutes pages"),
+        ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
+        ("GraphmonNoProcessAttached", 'state!~"stopped|lost"', 'state="running"',
+         "a process blocked by a profiler pages as no process"),
     ],
 )
 def test_weakened_rules_fail_their_tests(tmp_path, alertname, old, new, why):

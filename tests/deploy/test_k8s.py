@@ -1,14 +1,19 @@
 """docker/k8s/: generated from dashboards/ and alerts.yml, in sync, and sane Kubernetes objects.
 
 No cluster here: the checks are that the committed manifests are what docker/k8s/generate.py
-makes (so they cannot drift from dashboards/), that the Deployment round-trips through the
-official Kubernetes client's models (a misspelt or mistyped field is dropped or rejected there),
-and that the wiring agrees: PodMonitor selector vs pod labels, port names, the socket volume.
+makes (so they cannot drift from dashboards/), that every object round-trips through a typed
+model (the official Kubernetes client's; prometheus-operator's CRDs as cloudcoil's generated
+models), so a misspelt or mistyped field is dropped or rejected; that every command line and
+GRAPHMON_* variable in them is one graphmon accepts; and that the wiring agrees: PodMonitor
+selector vs pod labels, port names, the socket volume, the socket's group. tests/system/
+test_sidecar.py runs the agent with these settings.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -97,47 +102,199 @@ def test_podmonitor_scrapes_the_agent_port_of_labelled_pods():
     assert ports[endpoint["port"]] == 9479 and len(endpoint["port"]) <= 15
 
 
-def test_agent_sidecar_shares_the_socket_and_owns_the_port():
-    (dep,) = _docs("agent-sidecar.yaml")
-    spec = dep["spec"]["template"]["spec"]
-    containers = {c["name"]: c for c in spec["containers"]}
-    engine, agent = containers["engine"], containers["graphmon-agent"]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    for c in (engine, agent):
-        env = {e["name"]: e["value"] for e in c["env"]}
+def _pod_specs() -> dict[str, dict]:
+    """file name -> pod template spec, of every workload in docker/k8s."""
+    out = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in _docs(path.name):
+            if doc["kind"] in ("Deployment", "DaemonSet"):
+                out[f"{path.name}:{doc['kind']}"] = doc["spec"]["template"]["spec"]
+    return out
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def _agent_pod_and_engine_pod(name: str) -> tuple[dict, dict, dict, dict]:
+    """(agent container, its pod spec, engine container, its pod spec) of a shipped manifest."""
+    specs = {k: v for k, v in _pod_specs().items() if k.startswith(name + ":")}
+    containers = {c["name"]: (c, spec) for spec in specs.values() for c in spec["containers"]}
+    return (*containers["graphmon-agent"], *containers["engine"])
+
+
+def _supplementary_groups(pod: dict) -> set[int]:
+    """What Kubernetes adds to every container's groups: fsGroup and supplementalGroups."""
+    sc = pod.get("securityContext") or {}
+    return {g for g in [sc.get("fsGroup"), *sc.get("supplementalGroups", [])] if g is not None}
+
+
+@pytest.mark.parametrize("name", ["agent-sidecar.yaml", "agent-daemonset.yaml"])
+def test_agent_shares_the_socket_with_the_engine_and_owns_the_port(name):
+    agent, agent_pod, engine, engine_pod = _agent_pod_and_engine_pod(name)
+    agent_env, engine_env = _env(agent), _env(engine)
+    sock = agent_env["GRAPHMON_AGENT"]
+    assert engine_env["GRAPHMON_AGENT"] == sock == "/run/graphmon/agent.sock"
+    sources = []
+    for c, pod in ((agent, agent_pod), (engine, engine_pod)):
+        volumes = {v["name"]: v for v in pod["volumes"]}
         (mount,) = c["volumeMounts"]
-        assert "emptyDir" in volumes[mount["name"]]
-        assert env["GRAPHMON_AGENT"].startswith(mount["mountPath"] + "/"), "the socket must live in the shared volume"
+        assert sock.startswith(mount["mountPath"] + "/"), "the socket must live in the mounted volume"
+        sources.append({k: v for k, v in volumes[mount["name"]].items() if k != "name"})
+    if agent_pod is engine_pod:  # sidecar: one pod, one emptyDir
+        assert "emptyDir" in sources[0]
+    else:  # DaemonSet: the same host folder in both pods
+        assert sources[0]["hostPath"]["path"] == sources[1]["hostPath"]["path"] == "/run/graphmon"
     assert agent["args"] == ["agent"]
-    agent_env = {e["name"]: e["value"] for e in agent["env"]}
     assert agent_env["GRAPHMON_HOST"] == "0.0.0.0" and agent_env["GRAPHMON_PORT"] == "9479"
     assert not any(p["containerPort"] == 9479 for p in engine.get("ports", []))  # only the agent opens graphmon's port
-    assert agent["securityContext"]["runAsNonRoot"] and agent["securityContext"]["readOnlyRootFilesystem"]
+    sc = agent["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["runAsUser"] == 65534
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     assert agent["readinessProbe"]["httpGet"]["port"] == "graphmon"
-    # The graphmon CLI accepts what the sidecar runs (once the agent command exists on this branch).
+    # The engine runs as root (as vllm/vllm-openai does) and gets in by the socket's group: the
+    # agent allows that group, can give its socket that group, and the engine pod has it.
+    assert engine["securityContext"]["runAsUser"] == 0
+    (gid,) = map(int, agent_env["GRAPHMON_AGENT_ALLOW_GIDS"].split(","))
+    assert gid == sc["runAsGroup"] or gid in _supplementary_groups(agent_pod)
+    assert gid in _supplementary_groups(engine_pod)
+
+
+def test_socket_gid_is_one_flag_and_out_folders_are_made(tmp_path):
+    out = tmp_path / "my-manifests" / "prod"  # not there yet: `--out my-manifests/` as the docs say
+    res = subprocess.run([sys.executable, str(K8S / "generate.py"), "--socket-gid", "2000", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (dep,) = yaml.safe_load_all((out / "agent-sidecar.yaml").read_text())
+    ds, engine = [d for d in yaml.safe_load_all((out / "agent-daemonset.yaml").read_text()) if d]
+    pods = {"sidecar": dep["spec"]["template"]["spec"], "daemonset": ds["spec"]["template"]["spec"],
+            "engine": engine["spec"]["template"]["spec"]}
+    assert pods["sidecar"]["securityContext"] == {"fsGroup": 2000}
+    assert pods["engine"]["securityContext"] == {"supplementalGroups": [2000]}
+    for pod in (pods["sidecar"], pods["daemonset"]):
+        agent = [c for c in pod["containers"] if c["name"] == "graphmon-agent"][0]
+        assert _env(agent)["GRAPHMON_AGENT_ALLOW_GIDS"] == "2000" and agent["securityContext"]["runAsGroup"] == 2000
+    assert "os.chown('/run/graphmon', 0, 2000)" in pods["daemonset"]["initContainers"][0]["command"][2]
+    bad = subprocess.run([sys.executable, str(K8S / "generate.py"), "--socket-gid", "-1", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a group id" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_daemonset_prepares_the_host_folder_for_the_agent():
+    (ds, engine) = _docs("agent-daemonset.yaml")
+    spec = ds["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    agent = spec["containers"][0]
+    gid = int(_env(agent)["GRAPHMON_AGENT_ALLOW_GIDS"])
+    assert init["volumeMounts"] == agent["volumeMounts"]
+    code = init["command"][2]
+    assert init["command"][:2] == ["python3", "-c"] and compile(code, "init", "exec")
+    assert f"os.chown('/run/graphmon', 0, {gid})" in code and "os.chmod('/run/graphmon', 0o770)" in code
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert spec["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
+    # the engine pod waits for the prepared folder instead of making a root-owned one
+    assert engine["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["type"] == "Directory"
+    assert "graphmon.io/scrape" not in engine["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["template"]["metadata"]["labels"]["graphmon.io/scrape"] == "true"  # the PodMonitor's selector
+
+
+def _graphmon_variables() -> set[str]:
+    """Every GRAPHMON_* variable graphmon reads: its settings' fields and the names in its code."""
+    from graphmon.settings import CuptiSettings, Settings
+
+    names = {f"GRAPHMON_{f.upper()}" for model in (Settings, CuptiSettings) for f in model.model_fields}
+    for path in (ROOT / "graphmon").rglob("*.py"):
+        names |= set(re.findall(r"""["'](GRAPHMON_[A-Z0-9_]+)["']""", path.read_text()))
+    return names
+
+
+def test_manifest_command_lines_and_variables_are_graphmons(monkeypatch):
     from graphmon.cli import build_parser
+    from graphmon.settings import Settings
+    from graphmon.sources.remote import PeerPolicy
 
-    try:
-        args = build_parser().parse_args(agent["args"])
-    except SystemExit:
-        pytest.skip("`graphmon agent` is not on this branch yet (the agent engineer adds it)")
-    assert args.command == "agent"
+    known = _graphmon_variables()
+    assert {"GRAPHMON_AGENT", "GRAPHMON_AGENT_ALLOW_GIDS", "GRAPHMON_HOST", "GRAPHMON_PORT"} <= known
+    checked = 0
+    for where, spec in _pod_specs().items():
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            env = _env(c)
+            for name in env:
+                if name.startswith("GRAPHMON_"):
+                    assert name in known, f"{where} {c['name']}: graphmon does not read {name}"
+            if c["image"].startswith("graphmon:") and "command" not in c:
+                # the image's ENTRYPOINT is graphmon: args are its command line, and its settings
+                # (flags and variables together) must be valid
+                args = build_parser().parse_args(c["args"])
+                for k in [k for k in os.environ if k.startswith("GRAPHMON_")]:
+                    monkeypatch.delenv(k)
+                for k, v in env.items():
+                    monkeypatch.setenv(k, v)
+                Settings()
+                PeerPolicy.from_env()
+                assert args.command == "agent"
+                checked += 1
+    assert checked == 2  # the sidecar and the DaemonSet agents
 
 
-def test_deployment_round_trips_through_the_kubernetes_models():
-    """The official client's models know every field of apps/v1 Deployment: a misspelt key is
-    dropped on the way through, a wrong type raises, a missing required field raises."""
+def _round_trip_models():
     kubernetes = pytest.importorskip("kubernetes")
+    from cloudcoil.models.prometheus_operator import v1 as monitoring
+
     client = kubernetes.client.ApiClient()
+
+    def k8s(model):
+        return lambda d: client.sanitize_for_serialization(client.deserialize(json.dumps(d), model, "application/json"))
+
+    def crd(model):
+        return lambda d: model.model_validate(d).model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+    return {("apps/v1", "Deployment"): k8s("V1Deployment"), ("apps/v1", "DaemonSet"): k8s("V1DaemonSet"),
+            ("v1", "ConfigMap"): k8s("V1ConfigMap"),
+            ("monitoring.coreos.com/v1", "PodMonitor"): crd(monitoring.PodMonitor),
+            ("monitoring.coreos.com/v1", "PrometheusRule"): crd(monitoring.PrometheusRule)}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in K8S.glob("*.yaml")))
+def test_every_manifest_round_trips_through_typed_models(name):
+    """A misspelt key is dropped on the way through (the round trip differs), a wrong type or a
+    missing required field raises. Every kind shipped must have a model here."""
+    models = _round_trip_models()
+    for doc in _docs(name):
+        key = (doc["apiVersion"], doc["kind"])
+        assert key in models, f"{name}: no model checks {key}"
+        assert models[key](doc) == doc
+        broken = json.loads(json.dumps(doc))
+        broken["metadata"]["label"] = broken["metadata"].pop("labels")  # misspelt
+        assert models[key](broken) != broken
+
+
+def test_round_trip_notices_what_it_should():
+    models = _round_trip_models()
     (dep,) = _docs("agent-sidecar.yaml")
-
-    def deserialize(obj):
-        return client.deserialize(json.dumps(obj), "V1Deployment", "application/json")
-
-    model = deserialize(dep)
-    assert client.sanitize_for_serialization(model) == dep
     with pytest.raises(ValueError):  # a container without its required name
-        deserialize({**dep, "spec": {**dep["spec"], "template": {"spec": {"containers": [{"image": "x"}]}}}})
+        models[("apps/v1", "Deployment")]({**dep, "spec": {**dep["spec"], "template": {"spec": {"containers": [{"image": "x"}]}}}})
     broken = json.loads(json.dumps(dep))
-    broken["spec"]["template"]["spec"]["containers"][1]["volumeMount"] = broken["spec"]["template"]["spec"]["containers"][1].pop("volumeMounts")
-    assert client.sanitize_for_serialization(deserialize(broken)) != broken
+    agent = broken["spec"]["template"]["spec"]["containers"][1]
+    agent["volumeMount"] = agent.pop("volumeMounts")
+    assert models[("apps/v1", "Deployment")](broken) != broken
+    (pm,) = _docs("podmonitor.yaml")
+    bad = json.loads(json.dumps(pm))
+    bad["spec"]["podMetricsEndpoints"][0]["interval"] = 15  # a number where the CRD wants a duration string
+    with pytest.raises(ValueError):
+        models[("monitoring.coreos.com/v1", "PodMonitor")](bad)
+    bad["spec"]["podMetricEndpoints"] = bad["spec"].pop("podMetricsEndpoints")
+    bad["spec"]["podMetricEndpoints"][0]["interval"] = "15s"
+    assert models[("monitoring.coreos.com/v1", "PodMonitor")](bad) != bad
+
+
+def test_docs_describe_exactly_the_shipped_manifests():
+    """Every docker/ path the docs name exists, and docs/deployment.md describes every manifest."""
+    shipped = {p.name for p in K8S.glob("*.yaml")}
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    described = set(re.findall(r"^\| `([\w.-]+\.yaml)` \|", text, re.M))
+    assert described == shipped
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for path in re.findall(r"\bdocker/[\w./-]*[\w]", doc.read_text()):
+            assert (ROOT / path).exists(), f"{doc.name} names {path}, which is not shipped"
+    assert not re.search(r"(?<!ships no )helm chart", text, re.I)  # none is shipped

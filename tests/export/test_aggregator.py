@@ -285,3 +285,53 @@ def test_graph_info_signature_follows_a_changed_graph():
     after = {g: s.signature for (_, g), s in agg.snapshot().graphs.items()}
     assert set(after) == set(before)
     assert after["decode_bs1/upload"].startswith("k960-s4-o959-")
+
+
+def _mixed_gaps_trace(base_ns=10**9):
+    """One replay on one stream whose gaps are -300, -300, 100, 200, 400 ns (two overlaps)."""
+    from graphmon.model.trace import Trace
+
+    starts, ends, t = [], [], base_ns
+    for gap in (None, -300, -300, 100, 200, 400):
+        if gap is not None:
+            t = ends[-1] + gap
+        starts.append(t)
+        ends.append(t + 1000)
+    n = len(starts)
+    return Trace.build(start_ns=np.array(starts), end_ns=np.array(ends), stream=np.zeros(n, np.int64),
+                       correlation_id=np.ones(n, np.int64), graph_id=np.ones(n, np.int64))
+
+
+def test_gap_summary_quantiles_count_and_sum_have_one_definition():
+    """Overlaps (negative gaps) are excluded from the quantiles as from _count and _sum: old
+    code exported p10 = -300 ns beside a _count of the 3 non-negative gaps, and the negative
+    quantile made prometheus_client's OpenMetrics parser refuse the whole scrape."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from graphmon.export.collector import make_registry
+    from graphmon.export.exposition import OPENMETRICS, render
+
+    agg = Aggregator()
+    agg.ingest(window(_mixed_gaps_trace()))
+    s = agg.snapshot()
+    (key,) = s.gap_hist
+    h = s.gap_hist[key]
+    assert (h.count, h.sum_ns) == (3, 700)
+    assert s.gap_quantiles[key] == tuple(float(x) for x in np.quantile([100, 200, 400], (0.1, 0.5, 0.9, 0.99)))
+    body = render(make_registry(agg.snapshots), OPENMETRICS).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(body)}  # old code: ValueError, negative quantile
+    q = [smp for smp in fams["graphmon_kernel_gap_quantile_seconds"].samples if "quantile" in smp.labels]
+    assert len(q) == 4 and min(smp.value for smp in q) > 0
+
+
+def test_a_series_with_only_overlaps_exports_no_quantile():
+    from graphmon.export.collector import make_registry
+    from graphmon.export.exposition import TEXT, render
+
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(gap_ns=-300)))
+    (qs,) = agg.snapshot().gap_quantiles.values()
+    assert all(q != q for q in qs)  # NaN: no non-negative gap in the window
+    body = render(make_registry(agg.snapshots), TEXT).decode()
+    assert 'graphmon_kernel_gap_quantile_seconds{' not in body
+    assert "graphmon_kernel_gap_quantile_seconds_count{" in body

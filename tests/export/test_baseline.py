@@ -204,15 +204,15 @@ def test_agent_windows_get_the_same_attribution(real_trace, tmp_path):
         c = TestClient(create_agent_app(agent), client=LOCAL)
         now = time.time()
         s.sendall(encode_window(window(half(real_trace, 0), ended_s=now)))
-        assert wait_until(lambda: c.get("/status").json()["processes"][0]["windows"] == ["p4242-w1"], timeout=20)
-        assert c.post("/baseline", json={"trace_id": "p4242-w1"}).status_code == 200
+        assert wait_until(lambda: c.get("/status").json()["processes"][0]["windows"] == ["r1-w1"], timeout=20)
+        assert c.post("/baseline", json={"trace_id": "r1-w1"}).status_code == 200
         chosen, cur = widened(real_trace)
         s.sendall(encode_window(window(half(cur, 1), ended_s=now + 1)))
-        b = wait_ready(c, "p4242-w2")
+        b = wait_ready(c, "r1-w2")
         d = {x["graph"]: x for x in b["graphs"]}
-        assert b["baseline"] == "p4242-w1" and d[GRAPH]["verdict"] == "concentrated"
+        assert b["baseline"] == "r1-w1" and d[GRAPH]["verdict"] == "concentrated"
         assert {(t["stream_baseline"], t["position"]) for t in d[GRAPH]["top"] if t["flagged"]} == set(chosen)
-        assert c.get("/trace/p4242-w2").json()["otherData"]["boundaries"]["baseline"] == "p4242-w1"
+        assert c.get("/trace/r1-w2").json()["otherData"]["boundaries"]["baseline"] == "r1-w1"
     finally:
         s.close()
         agent.stop()

@@ -35,21 +35,28 @@ def windows_of(trace, per_window=4):
 
 
 class Proc:
-    """What the agent hands a window hook: an Attached with its aggregator (the window ingested)."""
+    """What the agent hands a window hook: an Attached (graphmon.export.ranks) whose rank's series
+    (one aggregator, window ids ``r1-w<k>``) it shares with the process it took the rank over from
+    (``after``), the window ingested."""
 
-    def __init__(self, rank="0", pid=100, incarnation=None):
-        self.rank, self.key = rank, f"p{pid}"
-        self.incarnation = incarnation or f"p{pid}"
+    def __init__(self, rank="0", pid=100, incarnation=None, after=None):
+        self.rank = rank
+        self.incarnation = incarnation or f"i{pid}"
+        self.series = after.series if after is not None else SimpleNamespace(
+            rank=rank, tag="r1", aggregator=Aggregator(rank=rank))
         self.proc = SimpleNamespace(identity={"pid": str(pid), "rank": rank})
-        self.aggregator = Aggregator(rank=rank)
-        self.t = 1_800_000_000.0
+        self.t = after.t if after is not None else 1_800_000_000.0
+
+    @property
+    def aggregator(self):
+        return self.series.aggregator
 
     def send(self, verdict, trace):
         self.t += 10
         w = window(trace, ended_s=self.t)
         self.aggregator.ingest(w)
         verdict.on_window(self, w)
-        return f"{self.key}-{self.aggregator.snapshot().windows[-1]}"
+        return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"
 
 
 def metrics(verdict, live=None):
@@ -72,7 +79,8 @@ def _settled(v, n_windows):
 
 def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdict):
     t = only(native, GRAPH)
-    v1, v2 = Proc(pid=100), Proc(pid=200)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
     for w in windows_of(t)[:4]:
         v1.send(verdict, w)
     assert _settled(verdict, 4)
@@ -86,7 +94,7 @@ def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdi
     assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
                       and verdict.results[("0", "previous")].state == "ready", timeout=30)
     r = verdict.results[("0", "previous")]
-    assert (r.reference_id, r.reference_pid, r.current_incarnation, r.current_pid) == ("p100", "100", "p200", "200")
+    assert (r.reference_id, r.reference_pid, r.current_incarnation, r.current_pid) == ("i100", "100", "i200", "200")
     assert r.reference_windows == 4 and r.current_windows == 2
     (g,) = r.verdict.graphs
     assert g.regression and g.kind == "uniform" and g.flagged_streams == [7, 142, 143, 144]
@@ -110,14 +118,15 @@ def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdi
     assert st[0]["graphs"][0]["top"]  # the boundaries, in /status only
     # the compared process is gone (or another one of the rank is attached and has sent nothing yet):
     # its verdict leaves /metrics and /status
-    for live in (set(), {"p100"}, {"p300"}):
+    for live in (set(), {"i100"}, {"i300"}):
         assert "graphmon_deploy_regression{" not in metrics(verdict, live=live) and status(verdict, live=live) == []
-    assert "graphmon_deploy_regression{" in metrics(verdict, live={"p200"}) and status(verdict, live=["p200"])
+    assert "graphmon_deploy_regression{" in metrics(verdict, live={"i200"}) and status(verdict, live=["i200"])
 
 
 def test_a_restart_without_change_flags_nothing(native, verdict):
     ws = windows_of(only(native, GRAPH))
-    v1, v2 = Proc(pid=100), Proc(pid=200)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
     for w in ws[:4]:
         v1.send(verdict, w)
     for w in ws[4:8]:  # the same build: the next replays of the same graph
@@ -138,12 +147,13 @@ def test_a_concentrated_regression_and_a_pinned_baseline(native, verdict):
     flags through POST /baseline's path as through a restart."""
     t = only(native, "decode_bs2/no_upload")
     _, cur = held_out_concentrated(t)
-    v1, v2 = Proc(pid=100), Proc(pid=200)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
     ids = [v1.send(verdict, w) for w in windows_of(t)[:4]]
     assert _settled(verdict, 4)
     base = PooledBaseline(verdict)
     assert base.status() == {"state": "no baseline"}
-    assert base.pin(ids[2]) and not base.pin("p100-w99")
+    assert base.pin(ids[2]) and not base.pin("r1-w99")
     assert base.describe()["windows"] == 3 and base.describe()["replays"] == {"0/decode_bs2/no_upload": 12}
     # compared with the windows after the pinned one: one window (4 replays) is not enough yet
     assert wait_until(lambda: base.status().get("state") == "pooling", timeout=30)
@@ -155,7 +165,7 @@ def test_a_concentrated_regression_and_a_pinned_baseline(native, verdict):
     assert doc["baseline"] == ids[2] and doc["window"] == wid and doc["windows_baseline"] == 3
     (g,) = doc["graphs"]
     assert g["verdict"] == "concentrated" and g["flagged"] == 3
-    assert base.for_window(wid) == (ids[2], doc["graphs"]) and base.for_window("p200-w1") is None
+    assert base.for_window(wid) == (ids[2], doc["graphs"]) and base.for_window("r1-w5") is None
     assert wait_until(lambda: ("0", "previous") in verdict.results and verdict.results[("0", "previous")].state == "ready")
     for ref in ("previous", "pinned"):
         r = verdict.results[("0", ref)]
@@ -172,18 +182,48 @@ def test_a_reconnect_of_the_same_process_and_a_crash_at_start_keep_the_reference
     v1 = Proc(pid=100)
     for w in ws[:3]:
         v1.send(verdict, w)
-    again = Proc(pid=100, incarnation="p100#2")  # the link reconnected: the same pid
+    again = Proc(pid=100, incarnation="i101", after=v1)  # the link reconnected: the same pid
     again.send(verdict, ws[3])
     assert _settled(verdict, 4) and not verdict.results
-    crashed = Proc(pid=150)
+    crashed = Proc(pid=150, after=v1)
     crashed.send(verdict, ws[4])  # one window, 4 replays: never a usable reference
-    v2 = Proc(pid=200)
+    v2 = Proc(pid=200, after=v1)
     for w in ws[5:7]:
         v2.send(verdict, w)
     assert wait_until(lambda: ("0", "previous") in verdict.results
                       and verdict.results[("0", "previous")].current_windows == 2, timeout=30)
     r = verdict.results[("0", "previous")]
-    assert (r.reference_id, r.reference_pid, r.reference_windows) == ("p100#2", "100", 4) and r.state == "ready"
+    assert (r.reference_id, r.reference_pid, r.reference_windows) == ("i101", "100", 4) and r.state == "ready"
+
+
+def test_a_window_no_pool_holds_is_pinned_from_the_store_by_its_rank_tag(native):
+    """Window ids are the agent's ``r<n>-w<k>`` (n: the rank's series); a rank the agent dropped and
+    made again (a new tag) keeps its reference for the next process."""
+    ws = windows_of(only(native, GRAPH))
+    store = {}
+    v = DeployVerdict(lookup=store.get, max_replays=8)  # a pool keeps two windows (8 replays)
+    try:
+        v1 = Proc(pid=100)
+        ids = []
+        for w in ws[:4]:
+            ids.append(v1.send(v, w))
+            store[ids[-1]] = w
+        assert _settled(v, 2) and [w.window_id for w in v._ranks["0"].current.windows] == ids[2:]
+        assert v.pin(ids[0])  # out of the pool: from the store, alone
+        assert v.describe()["rank"] == "0" and v.describe()["windows"] == 1
+        assert not v.pin("r9-w1")
+        v.unpin()
+        v2 = Proc(pid=200)
+        v2.series.tag = "r2"  # the agent dropped rank 0's series (keep_gone_s) and made them again
+        for w in ws[4:6]:
+            v2.send(v, w)
+        assert wait_until(lambda: ("0", "previous") in v.results and v.results[("0", "previous")].state == "ready",
+                          timeout=30)
+        assert v.results[("0", "previous")].reference_pid == "100"
+        store["r2-w9"] = ws[6]  # a window of the new series that no pool holds
+        assert v.pin("r2-w9") and v.describe()["rank"] == "0" and v.describe()["windows"] == 1
+    finally:
+        v.stop()
 
 
 def test_pool_bounds_and_queue_overflow(native):
@@ -224,9 +264,10 @@ def test_the_hook_costs_the_ingest_thread_no_computation(native, verdict):
 
 
 def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
-    """The wiring: Agent.window_hooks -> the verdict's thread -> /metrics (re-rendered when the verdict
-    changes), /status "deploy" and /trace/<window>'s otherData.deploy; two processes of rank 0 over
-    the real wire, one after the other."""
+    """The wiring: Agent.window_hooks -> the verdict's thread -> /metrics (the agent's render thread,
+    the verdict's collector among the agent-level ones), /status "deploy" and /trace/<window>'s
+    otherData.deploy; two processes of rank 0 over the real wire, one after the other, the second
+    taking the rank's series over (window ids r1-w<k> continue)."""
     import socket
 
     from fastapi.testclient import TestClient
@@ -237,7 +278,7 @@ def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
     from graphmon.settings import Settings
 
     agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
-    c = TestClient(create_agent_app(agent), client=("127.0.0.1", 5000))
+    c = TestClient(create_agent_app(agent, render_interval_s=0.05), client=("127.0.0.1", 5000))
     t = only(native, GRAPH)
 
     def process(pid, windows):
@@ -260,13 +301,14 @@ def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
         assert wait_until(lambda: any(d["state"] == "ready" for d in c.get("/status").json()["deploy"]), timeout=30)
         (d,) = c.get("/status").json()["deploy"]
         assert (d["rank"], d["reference_pid"], d["current_pid"], d["regression"]) == ("0", "100", "200", True)
-        assert d["current_window"] == "p200-w2" and d["graphs"][0]["kind"] == "uniform"
-        text = c.get("/metrics").text  # served from the pre-rendered body: re-rendered when the verdict came
-        assert f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="uniform",rank="0",reference="previous"}} 1.0' in text
-        other = c.get("/trace/p200-w2").json()["otherData"]
+        assert d["current_window"] == "r1-w6" and d["graphs"][0]["kind"] == "uniform"
+        c.get("/metrics")  # a scraper: the render thread renders its format every interval from now on
+        line = f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="uniform",rank="0",reference="previous"}} 1.0'
+        assert wait_until(lambda: line in c.get("/metrics").text)  # the verdict's collector is in the agent's list
+        other = c.get("/trace/r1-w6").json()["otherData"]
         assert other["deploy"]["reference_pid"] == "100" and other["deploy"]["graphs"][0]["top"]
         assert "boundaries" not in other  # nothing pinned
-        assert "deploy" not in c.get("/trace/p200-w1").json()["otherData"]
+        assert "deploy" not in c.get("/trace/r1-w5").json()["otherData"]
         v2.close()
     finally:
         agent.stop()

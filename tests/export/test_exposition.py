@@ -83,3 +83,33 @@ def test_a_scrape_during_a_render_gets_the_previous_body_instead_of_waiting():
     with renderer._lock:  # a render in progress
         assert renderer.body(TEXT) is old
     assert renderer.body(TEXT) is not old  # once free, the current snapshot is rendered
+
+
+def test_invalidate_waits_for_a_render_in_progress_so_its_body_is_not_served_after():
+    """A render that began before invalidate() stores its body when it ends; invalidate() must
+    drop that one too (a bare cache clear raced with it: test_containment's scrape-failure test
+    was answered from a body rendered before the injected fault)."""
+    import threading
+
+    from graphmon.export.exposition import MetricsRenderer
+
+    snaps = (object(),)
+    entered, release = threading.Event(), threading.Event()
+
+    def make(get):
+        entered.set()
+        release.wait(5)
+        return make_registry(lambda: ())
+
+    r = MetricsRenderer(lambda: snaps, make)
+    t = threading.Thread(target=r.body, args=(TEXT, "publish"))
+    t.start()
+    assert entered.wait(5)
+    done = threading.Event()
+    inv = threading.Thread(target=lambda: (r.invalidate(), done.set()))
+    inv.start()
+    assert not done.wait(0.2)  # waits for the render in progress
+    release.set()
+    t.join(5)
+    inv.join(5)
+    assert done.is_set() and r.cached(TEXT) is None

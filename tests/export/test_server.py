@@ -1,6 +1,7 @@
 """The FastAPI app through a real ASGI client: endpoints, capture flow, security defaults, faults."""
 
 import io
+import json
 import threading
 import time
 
@@ -81,9 +82,9 @@ def test_capture_then_trace_download_is_valid_chrome_json(real_trace):
         assert tr.status_code == 200
         doc = tr.json()
         ev = doc["traceEvents"]
-        slices = [e for e in ev if e["ph"] == "X"]
+        slices = [e for e in ev if e["ph"] == "X" and e["cat"] == "kernel"]
         tracks = {(e["pid"], e["tid"]) for e in slices}
-        names = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+        names = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] != "host"}
         assert tracks == names and len(tracks) >= 1  # one named track per stream
         assert len({e["args"]["correlation"] for e in slices}) == 3  # three replays
         for e in slices:
@@ -119,7 +120,7 @@ def test_trace_ids_are_validated(path, code):
     assert "root:" not in r.text
 
 
-@pytest.mark.parametrize("body", [{}, {"replays": 0}, {"replays": -1}, {"duration_ms": 0}, {"replays": "x"},
+@pytest.mark.parametrize("body", [{"replays": 0}, {"replays": -1}, {"duration_ms": 0}, {"replays": "x"},
                                   {"replays": 10**9}, {"duration_ms": 10**9}, {"replays": 1, "wait_s": 1000}])
 def test_bad_capture_requests_get_4xx_with_a_message(body):
     ex, c = make(synthetic_trace())
@@ -263,3 +264,194 @@ def test_status_is_formatted_outside_the_ingest_lock():
         doc = c.get("/status").json()
     assert [g["graph"] for g in doc["graphs"]] == ["graph0", "graph1"]
     assert doc["graphs"][0]["streams"][0]["gap_ns"]["p50"] == 400.0
+
+
+# ---------------------------------------------------------------- issue 28 items 4, 5, 7; issue 31 item 9
+def _kernel_gap_medians(doc):
+    return {(g["graph"], s["stream"]): (s["gaps"], s["gap_ns"]["p50"]) for g in doc["graphs"] for s in g["streams"]}
+
+
+def test_trace_chrome_json_reads_back_with_the_windows_gap_medians(real_trace, tmp_path, capsys):
+    """serve -> /trace/<id> -> graphmon analyze: the same graphs, replays and per-stream gap medians
+    as the window itself (before: "no valid kernel records (invalid: {'missing_field': ...})")."""
+    from graphmon.analysis.replays import analyze
+    from graphmon.cli import main
+    from graphmon.report.summary import analysis_json
+
+    ex, c = make(real_trace)
+    ex.start()
+    try:
+        wait_windows(ex, 3)
+        wid = ex.snapshot().windows[-1]
+        tr = c.get(f"/trace/{wid}")
+        assert tr.status_code == 200 and "x-graphmon-truncated" not in tr.headers
+        window = ex.store.get(wid)
+    finally:
+        ex.stop()
+    path = tmp_path / f"{wid}.json"
+    path.write_bytes(tr.content)
+    assert main(["analyze", "--format", "json", "--no-progress", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = analysis_json(analyze(window))
+    assert got["invalid_records"] == {} and got["kernels"] == len(window) > 0
+    assert {g["graph"]: g["replays"] for g in got["graphs"]} == {g["graph"]: g["replays"] for g in want["graphs"]}
+    assert _kernel_gap_medians(got) == _kernel_gap_medians(want) and len(_kernel_gap_medians(want)) >= 4
+    assert "truncated" not in got
+
+
+def test_a_cut_chrome_trace_says_so_in_a_header_the_file_and_analyze(real_trace, tmp_path, capsys, monkeypatch):
+    from graphmon.cli import main
+    from graphmon.export import tracebodies
+
+    monkeypatch.setattr(tracebodies, "MAX_TRACE_EVENTS", 5_000)
+    ex, c = make(real_trace)
+    ex.start()
+    try:
+        wait_windows(ex, 2)
+        wid = ex.snapshot().windows[-1]
+        n = len(ex.store.get(wid))
+        assert n > 5_000
+        tr = c.get(f"/trace/{wid}")
+    finally:
+        ex.stop()
+    kept, total = tr.headers["x-graphmon-truncated"].split(" kernels")[0].split(" of ")
+    assert int(total) == n and 0 < int(kept) <= 5_000
+    assert tr.headers["link"] == f'<{wid}?format=graphmon>; rel="alternate"; type="application/octet-stream"'
+    assert tr.content.startswith(b'{"graphmonTruncated":{"kernels":' + total.encode())  # first in the file
+    path = tmp_path / "cut.json"
+    path.write_bytes(tr.content)
+    assert main(["analyze", "--no-progress", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert f"cut trace: {kept} of {total} kernels" in table and "?format=graphmon" in table
+    assert main(["analyze", "--format", "json", "--no-progress", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["truncated"]["kernels"] == n and doc["truncated"]["kernels_kept"] == int(kept) == doc["kernels"]
+    assert all(g["replays"] * g["kernels_per_replay"] == g["replays"] * g["kernels_per_replay_max"]
+               for g in doc["graphs"])  # whole replays only: no replay lost kernels to the cut
+
+
+@pytest.mark.parametrize("content,ctype", [
+    (b"", None),  # README: curl -X POST localhost:9479/capture
+    (b"{}", "application/json"),
+    (b'{"duration_ms":50}', "application/x-www-form-urlencoded"),  # curl -d '{"duration_ms":50}'
+    (b"duration_ms=50&wait_s=0", "application/x-www-form-urlencoded"),  # curl -d duration_ms=50
+    (b'{"replays": 3}', "text/plain"),
+])
+def test_capture_takes_no_body_a_json_body_whatever_its_type_and_form_fields(content, ctype):
+    from graphmon.export.server import DEFAULT_CAPTURE_MS, DEFAULT_CAPTURE_REPLAYS
+
+    got = []
+
+    class Src(Source):
+        backend = "test"
+
+        def start(self, sink):
+            pass
+
+        def stop(self, timeout_s=5.0):
+            pass
+
+        def request_capture(self, req):
+            got.append(req)
+
+    ex = Exporter(Src(), Settings())
+    c = TestClient(ex.app, client=LOCAL)
+    r = c.post("/capture", content=content, headers={"content-type": ctype} if ctype else {})
+    assert r.status_code == 200, r.text
+    (req,) = got
+    if content in (b"", b"{}"):
+        assert (req.replays, req.duration_ms) == (DEFAULT_CAPTURE_REPLAYS, DEFAULT_CAPTURE_MS)
+    elif b"duration_ms" in content:
+        assert (req.replays, req.duration_ms) == (None, 50.0)
+    else:
+        assert (req.replays, req.duration_ms) == (3, None)
+
+
+@pytest.mark.parametrize("content,ctype,why", [
+    (b"duration_ms=x", "application/x-www-form-urlencoded", "duration_ms: Input should be a valid number"),
+    (b"replays=1&replays=2", "application/x-www-form-urlencoded", "given twice"),
+    (b'{"replays": 0}', "application/x-www-form-urlencoded", "replays: Input should be greater than or equal to 1"),
+    (b"nonsense", "application/json", "body must be JSON"),
+])
+def test_bad_capture_bodies_are_one_clear_422(content, ctype, why):
+    ex, c = make(synthetic_trace())
+    r = c.post("/capture", content=content, headers={"content-type": ctype})
+    assert r.status_code == 422 and why in r.json()["detail"], r.text
+    assert "https://" not in r.json()["detail"]
+
+
+def test_metrics_gzip_when_accepted_with_process_families_in_every_format(real_trace):
+    """Prometheus's Accept-Encoding gets gzip (one member, the same families as the plain body,
+    process_* of this process included, checked by the official parser); q=0 and no header do not."""
+    import gzip
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+    from prometheus_client.parser import text_string_to_metric_families as text_parse
+
+    ex, c = make(real_trace)
+    ex.start()
+    try:
+        wait_windows(ex, 2)
+        for accept, parse in (("text/plain", text_parse), (PROMETHEUS_ACCEPT, om_parse)):
+            plain = c.get("/metrics", headers={"Accept": accept, "Accept-Encoding": "identity"})
+            assert "content-encoding" not in plain.headers and plain.headers["vary"] == "Accept-Encoding"
+            zipped = c.stream("GET", "/metrics", headers={"Accept": accept, "Accept-Encoding": "gzip"})
+            with zipped as resp:
+                wire = b"".join(resp.iter_raw())
+            assert len(wire) * 8 < len(plain.content)
+            text = gzip.decompress(wire).decode()
+            fams = {f.name: f for f in parse(text)}
+            assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
+                    "graphmon_up", "graphmon_kernel_gap_seconds"} <= set(fams)
+            assert fams["process_resident_memory_bytes"].samples[0].value > 0
+            assert {f.name for f in parse(plain.text)} == set(fams)
+        assert "content-encoding" not in c.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"}).headers
+        assert "content-encoding" not in c.get("/metrics", headers={"Accept-Encoding": ""}).headers
+        assert c.get("/metrics").headers["content-encoding"] == "gzip"  # httpx's default: gzip, deflate
+    finally:
+        ex.stop()
+
+
+def test_process_families_move_between_scrapes_of_one_snapshot():
+    """An exporter whose snapshot never changes (an agent with no process) still reports its own
+    CPU time as it grows: process_* are rendered per scrape, not cached with the snapshot."""
+    ex, c = make(synthetic_trace())  # not started: one snapshot, forever
+
+    def cpu():
+        line = next(ln for ln in c.get("/metrics").text.splitlines() if ln.startswith("process_cpu_seconds_total "))
+        return float(line.split()[1])
+
+    before = cpu()
+    t_end = time.process_time() + 0.3
+    while time.process_time() < t_end:
+        pass
+    assert cpu() >= before + 0.2
+
+
+@pytest.mark.parametrize("name", ["/srv/private/traces/secret.graphmon.npz", "traces/secret.graphmon.npz"])
+def test_collector_info_names_a_replayed_trace_by_its_base_name(name):
+    src = ReplaySource(synthetic_trace(), interval_s=0.05, name=name)
+    ex = Exporter(src, Settings())
+    text = TestClient(ex.app).get("/metrics").text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("graphmon_collector_info{")]
+    assert 'source="secret.graphmon.npz"' in line and "traces" not in text and "/srv" not in text
+
+
+def test_the_agent_alone_serves_its_process_families_gzipped():
+    """`graphmon agent` with no process attached: process_* of the agent itself (its RSS against the
+    sidecar's memory limit), and gzip for Prometheus, through the same app as serve."""
+    import gzip
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import create_agent_app
+
+    agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
+    try:
+        c = TestClient(create_agent_app(agent))
+        with c.stream("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}) as r:
+            assert r.headers["content-encoding"] == "gzip"
+            text = gzip.decompress(b"".join(r.iter_raw())).decode()
+        rss = [ln for ln in text.splitlines() if ln.startswith("process_resident_memory_bytes ")]
+        assert len(rss) == 1 and float(rss[0].split()[1]) > 10e6 and text.endswith("# EOF\n")
+    finally:
+        agent.stop()

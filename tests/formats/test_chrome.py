@@ -26,7 +26,7 @@ def raw_trace():
 
 def test_kernel_names_are_demangled(raw_trace):
     doc = to_chrome_trace(raw_trace)
-    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "kernel"}
     assert names and not any(n.startswith("_Z") for n in names)
     used = sorted({raw_trace.names[i] for i in raw_trace.name_id.tolist()})
     if shutil.which("c++filt"):  # binutils: the reference demangler
@@ -51,4 +51,56 @@ def test_kernels_without_a_name(raw_trace):
     from dataclasses import replace
 
     t = replace(raw_trace, name_id=np.full(len(raw_trace), -1, np.int32))
-    assert {e["name"] for e in to_chrome_trace(t)["traceEvents"] if e["ph"] == "X"} == {"kernel"}
+    assert {e["name"] for e in to_chrome_trace(t)["traceEvents"] if e["ph"] == "X" and e["cat"] == "kernel"} == {"kernel"}
+
+
+def _medians(trace):
+    from graphmon.analysis.replays import analyze
+    from graphmon.report.summary import analysis_json
+
+    doc = analysis_json(analyze(trace))
+    return ({(g["graph"], s["stream"]): (s["gaps"], s["gap_ns"]["p50"], s["gap_ns"]["p99"]) for g in doc["graphs"]
+             for s in g["streams"]}, {g["graph"]: g["replays"] for g in doc["graphs"]})
+
+
+def test_chrome_json_reads_back_as_the_same_graphs_replays_and_gaps(tmp_path):
+    """Every graph of the real capture, including pairs with identical kernels (upload vs not):
+    the launch ranges keep them apart, and every per-stream gap statistic survives."""
+    import json
+
+    from tracefiles import NATIVE
+
+    t = read_trace(NATIVE, progress=False)
+    keep = np.concatenate([np.unique(t.correlation_id[t.graph == g])[:4] for g in range(len(t.graphs))])
+    w = t.select(np.isin(t.correlation_id, keep))
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(to_chrome_trace(w)))
+    back = read_trace(path, progress=False)
+    assert len(back) == len(w) and dict(back.invalid) == {} and back.meta.get("truncated") is None
+    assert sorted(back.graph_names()) == sorted(w.graph_names())
+    assert _medians(back) == _medians(w)
+
+
+def test_a_cut_keeps_whole_replays_the_earliest_first_and_says_so(tmp_path):
+    import json
+
+    from graphmon.formats.chrome import TRUNCATED_KEY, kept_rows
+
+    from tracefiles import NATIVE
+
+    t = read_trace(NATIVE, progress=False)
+    t = t.select(np.isin(t.correlation_id, np.unique(t.correlation_id)[:30]))
+    per_replay = np.unique(t.correlation_id, return_counts=True)[1]
+    cap = int(per_replay[:7].sum()) + int(per_replay[7]) // 2  # in the middle of the 8th replay
+    rows = kept_rows(t, cap)
+    assert len(rows) == per_replay[:7].sum()  # 7 whole replays, not 7.5
+    first = {int(c): int(t.start_ns[t.correlation_id == c].min()) for c in np.unique(t.correlation_id)}
+    kept = set(np.unique(t.correlation_id[rows]).tolist())
+    assert max(first[c] for c in kept) < min(first[c] for c in first if c not in kept)  # the earliest
+    doc = to_chrome_trace(t, max_events=cap)
+    assert doc[TRUNCATED_KEY]["kernels"] == len(t) and doc[TRUNCATED_KEY]["kernels_kept"] == len(rows)
+    assert doc["otherData"]["truncated"] is True
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(doc))
+    back = read_trace(path, progress=False)
+    assert back.meta["truncated"] == {"kernels": len(t), "kernels_kept": len(rows)} and len(back) == len(rows)

@@ -8,6 +8,8 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graphmon.formats.read import ReadLimits, read_trace, write_trace
 from graphmon.model.trace import TraceError
@@ -185,3 +187,60 @@ def test_graph_memops_are_counted_apart_from_kernels(tmp_path):
     t = read_trace(write_json(tmp_path / "m.json", [launch(1, 3), kernel(10, corr=3), memset, eager]), progress=False)
     assert len(t) == 1
     assert t.meta["graph_memops"] == {"memcpy": 0, "memcpy_ns": 0, "memset": 1, "memset_ns": 2000}
+
+
+# ---------------------------------------------------------------------------- floats without Decimal, flows skipped
+@settings(max_examples=400, deadline=None)
+@given(st.booleans(), st.integers(0, 10**19), st.text("0123456789", min_size=1, max_size=7),
+       st.one_of(st.none(), st.integers(-4, 4)))
+def test_float_text_to_ns_equals_the_decimal_conversion(neg, whole, frac, exp):
+    """Microseconds from a float's text by string arithmetic: exactly what the Decimal path
+    gives, for every fraction length, exponent, sign and magnitude (range limits included)."""
+    from decimal import Decimal
+
+    from graphmon.formats.jsonstream import FloatText
+    from graphmon.formats.kineto import _us_to_ns
+
+    text = ("-" if neg else "") + f"{whole}.{frac}" + ("" if exp is None else f"e{exp}")
+    assert _us_to_ns(FloatText(text)) == _us_to_ns(Decimal(text)), text
+
+
+def test_flow_events_are_skipped_yet_counted_and_the_trace_is_unchanged(tmp_path, kineto_trace):
+    """The shared trace's 57,722 ac2g flow events are passed over undecoded: the same kernels,
+    launches and labels as a read that decodes every event (the skip pattern switched off)."""
+    import graphmon.formats.kineto as kineto
+
+    class Never:
+        @staticmethod
+        def match(buf, pos):
+            return None
+
+    decoded = []
+    real_add = kineto._KinetoBuilder.add
+
+    def spy(self, e):
+        decoded.append(e.get("cat") if type(e) is dict else None)
+        return real_add(self, e)
+
+    saved = kineto.FLOW_EVENT
+    try:
+        kineto._KinetoBuilder.add = spy
+        t = read_trace(KINETO, progress=False)
+        first, flows_decoded = len(decoded), decoded.count("ac2g")
+        assert flows_decoded < 100  # only flows at a read-buffer edge take the decoding path
+        decoded.clear()
+        kineto.FLOW_EVENT = Never()
+        slow = read_trace(KINETO, progress=False)
+        assert decoded.count("ac2g") == 57_722 and len(decoded) - first == 57_722 - flows_decoded
+    finally:
+        kineto._KinetoBuilder.add = real_add
+        kineto.FLOW_EVENT = saved
+    assert_same_trace(t, slow)
+    assert_same_trace(t, kineto_trace)
+
+
+def test_no_kernels_error_still_names_skipped_flow_events(tmp_path):
+    flow = {"ph": "f", "id": 1, "pid": 0, "tid": 7, "ts": 5.5, "cat": "ac2g", "name": "ac2g", "bp": "e"}
+    text = '{"traceEvents": [' + ",\n".join(json.dumps(flow) for _ in range(3)) + "]}\n"
+    with pytest.raises(TraceError, match=r"'ac2g' \(3\)"):
+        read_trace(write_json(tmp_path / "flows.json", None, raw=text), progress=False)

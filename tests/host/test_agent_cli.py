@@ -31,6 +31,7 @@ CHILD = """
 
 def test_standalone_agent_serves_an_in_code_attach(tmp_path):
     sock = tmp_path / "run" / "graphmon" / "agent.sock"
+    sock.parent.mkdir(parents=True)  # the shared volume: the agent never creates it
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), str(TESTS / "fake_site")]), GRAPHMON_CUPTI_API="cupti:cupti",
                FAKE_STOP=str(tmp_path / "stop"))
     env.pop("GRAPHMON_AGENT", None)
@@ -41,7 +42,7 @@ def test_standalone_agent_serves_an_in_code_attach(tmp_path):
         line = agent.stderr.readline()
         url = "http://127.0.0.1:" + re.search(r":(\d+)/metrics", line).group(1)
         assert f"GRAPHMON_AGENT={sock}" in line
-        assert os.stat(sock.parent).st_mode & 0o777 == 0o700
+        assert os.stat(sock).st_mode & 0o777 == 0o600
         child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD)], env={**env, "GRAPHMON_AGENT": str(sock)})
         assert wait_until(lambda: any(p["records_total"] > 0 for p in httpx.get(url + "/status", timeout=5).json()["processes"]),
                           timeout=30)
@@ -76,3 +77,55 @@ def test_run_on_a_taken_port_is_one_line_exit_2():
     finally:
         s.close()
     assert r.returncode == 2 and r.stderr.startswith("graphmon: error: ") and len(r.stderr.strip().splitlines()) == 1
+
+
+def _agent_env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    for k in ("GRAPHMON_AGENT", "GRAPHMON_AGENT_ALLOW_UIDS", "GRAPHMON_AGENT_ALLOW_GIDS"):
+        if k not in extra:
+            env.pop(k, None)
+    return env
+
+
+def test_agent_listens_where_graphmon_agent_says_and_allows_the_groups_given(tmp_path):
+    """The sidecar image starts `graphmon agent` with GRAPHMON_AGENT set and no --socket."""
+    sock = tmp_path / "agent.sock"
+    gid = os.getgid()
+    tmp_path.chmod(0o750)  # the group may enter (else the agent warns that its members cannot connect)
+    agent = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0"], stderr=subprocess.PIPE,
+                             text=True, env=_agent_env(GRAPHMON_AGENT=str(sock), GRAPHMON_AGENT_ALLOW_GIDS=str(gid)))
+    try:
+        line = agent.stderr.readline()
+        assert f"GRAPHMON_AGENT={sock} (allowed: uid {os.getuid()}, group {gid})" in line, line
+        assert os.stat(sock).st_mode & 0o777 == 0o660 and os.stat(sock).st_gid == gid
+        assert sorted(os.listdir(tmp_path)) == ["agent.sock"]
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0 and not sock.exists()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    # --socket wins over the variable
+    other = tmp_path / "other.sock"
+    agent = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", str(other)],
+                             stderr=subprocess.PIPE, text=True, env=_agent_env(GRAPHMON_AGENT=str(sock)))
+    try:
+        assert f"GRAPHMON_AGENT={other} " in agent.stderr.readline()
+    finally:
+        agent.kill()
+        agent.wait(15)
+
+
+def test_agent_socket_errors_are_one_line_exit_2(tmp_path):
+    missing = tmp_path / "not-mounted"
+    cases = {
+        f"graphmon: error: agent socket {missing}/agent.sock: directory {missing} does not exist":
+            (["--socket", str(missing / "agent.sock")], {}),
+        "graphmon: error: GRAPHMON_AGENT_ALLOW_UIDS: 'root' is not a numeric id":
+            ([], {"GRAPHMON_AGENT_ALLOW_UIDS": "root"}),
+        "graphmon: error: --allow-gid: 'x' is not a numeric id": (["--allow-gid", "1,x"], {}),
+    }
+    for expected, (flags, env) in cases.items():
+        r = subprocess.run([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", *flags], capture_output=True,
+                           text=True, timeout=60, env=_agent_env(**env))
+        assert r.returncode == 2 and r.stderr.startswith(expected) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not missing.exists()

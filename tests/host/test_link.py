@@ -1,6 +1,8 @@
 """The process side of the agent link (light collector) against a real agent on a Unix socket."""
 
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,6 +73,26 @@ def test_light_collector_windows_reach_agent_with_identity(agent):
     assert agent.lost_total == 0  # said bye: stopped, not lost
 
 
+def test_light_collector_status_says_idle_and_empty_windows(tmp_path):
+    # no graph launch: idle windows (not traced, not empty); a window that traced no launch:
+    # empty, reason no_launches
+    fake = FakeCupti()
+    lc = LightCollector(str(tmp_path / "none.sock"), cupti=fake, **{**FAST, "interval_s": 0.1, "observer": "off",
+                                                                   "window_duration_ms": 30})
+    lc.start()
+    try:
+        assert wait_until(lambda: lc._status()["sampling"]["idle_windows"] >= 2)
+        assert wait_until(lambda: lc._status()["sampling"]["armed"])  # (between two idle windows it re-arms)
+        st = lc._status()
+        assert st["empty_windows_no_launches"] == 0 and st["empty_windows"] == 0
+        assert st["sampling"]["late_stamped_records"] == 0
+        h = fake.instantiate(decode_like(1))
+        fake.launch(h, 7)  # opens the window (no event timing: no reference phase), then no launch while traced
+        assert wait_until(lambda: lc._status()["empty_windows_no_launches"] == 1)
+    finally:
+        lc.stop()
+
+
 def test_capture_fans_out_to_processes(agent):
     from graphmon.model.window import CaptureRequest
 
@@ -122,7 +144,7 @@ def test_bad_frame_closes_that_connection_only(agent):
     s.sendall(encode_message("hello", identity={"rank": "3", "pid": "1"}))
     assert wait_until(lambda: bool(agent.processes))
     s.sendall(b"\x08\x00\x00\x00\x04\x00\x00\x00{}{}")  # a header that is no message
-    assert wait_until(lambda: agent.listener.rejected["bad_frame"] == 1)
+    assert wait_until(lambda: agent.listener.frames_rejected["header"] == 1)
     assert wait_until(lambda: agent.attached()[0].health().state == "lost")
     assert agent.lost_total == 1
 
@@ -164,3 +186,87 @@ def test_rank_never_comes_from_the_pid(monkeypatch):
     assert link.process_rank() == ("1", "LOCAL_RANK")
     initialised["dist"] = True
     assert link.process_rank() == ("6", "torch.distributed")
+
+
+class _RefusingAgent:
+    """A socket that refuses every connection the way the agent does: a "refused" message, close."""
+
+    def __init__(self, path: str) -> None:
+        import threading
+
+        self.connections = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.connections += 1
+            conn.send(encode_message("refused", reason="uid 0 gid 0 groups [] is not allowed (allowed: uid 65534)",
+                                     allow="start the agent with --allow-uid 0"))
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def test_a_refused_link_says_why_once_and_backs_off(tmp_path, caplog):
+    srv = _RefusingAgent(str(tmp_path / "agent.sock"))
+    link = Link(str(tmp_path / "agent.sock"), hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=5.0)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="graphmon.link"):
+            link.start()
+            time.sleep(2.5)
+            link.stop()
+    finally:
+        srv.close()
+    # back-off 0.1, 0.2, 0.4, 0.8 s...: about 5 connections in 2.5 s, not one every 0.1 s
+    assert 2 <= srv.connections <= 7 and link.refusals >= srv.connections - 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "graphmon.link" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "refused this process" in warnings[0] and "(allowed: uid 65534)" in warnings[0]
+    assert "start the agent with --allow-uid 0" in warnings[0]
+
+
+def test_link_warns_once_when_no_agent_listens(tmp_path, caplog):
+    link = Link(str(tmp_path / "nowhere.sock"), hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=0.1)
+    link.unreachable_warn_s = 0.3
+    with caplog.at_level(logging.DEBUG, logger="graphmon.link"):
+        link.start()
+        time.sleep(1.5)
+        link.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "graphmon.link" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and f"no graphmon agent at {tmp_path / 'nowhere.sock'}" in warnings[0]
+    assert link.stats["reconnects"] >= 5
+
+
+LINK_AS_NOBODY = """
+import sys, time
+from graphmon.host.link import Link
+link = Link(sys.argv[1], hello=dict, status=dict, on_capture=lambda r: None, reconnect_max_s=0.2)
+link.start(); time.sleep(1.5); link.stop()
+print("reconnects", link.stats["reconnects"], file=sys.stderr)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux setpriv "
+                    "to run the link as another uid (root is never denied by a socket's mode)")
+def test_link_denied_by_the_socket_mode_says_what_to_set_once(agent):
+    os.chmod(os.path.dirname(agent.socket_path), 0o755)  # let uid 65534 reach the 0600 socket and be denied there
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                        LINK_AS_NOBODY, agent.socket_path], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.splitlines()
+    denied = [l for l in lines if "permission denied" in l]
+    assert r.returncode == 0 and len(denied) == 1, r.stderr
+    assert "socket uid 0 gid 0 mode 0600" in denied[0] and "--allow-gid" in denied[0]
+    assert int(lines[-1].split()[-1]) >= 3  # it kept retrying, quietly

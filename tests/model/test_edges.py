@@ -93,3 +93,103 @@ def test_pair_runs_match_unique_rows(node_span):
     rows, want = np.unique(np.stack([a, b], 1), axis=0, return_counts=True)
     np.testing.assert_array_equal(pair_a, rows[:, 0])
     np.testing.assert_array_equal(mult, want)
+
+
+# ---------------------------------------------------------------------- mistimed replays (issue 29)
+def _hf_like_window(stretch_ns=1_250_000, replays=4, kernels=10, dur_ns=80_000, gap_ns=8_000, stretched=0):
+    """WindowRecords shaped like the H200 failure: one stream (7), one graph, ``replays`` launches
+    of ``kernels`` kernels (span ~0.87 ms); in replay ``stretched`` the first kernel ends
+    ``stretch_ns`` late, so that replay's span = busy ~2.1 ms and its stream has a gap of about
+    -(stretch) ns."""
+    from graphmon.model.trace import GraphInfo
+    from graphmon.model.window import WindowRecords
+
+    rows = []
+    t = 1_000_000_000
+    for r in range(replays):
+        for k in range(kernels):
+            s = t + k * (dur_ns + gap_ns)
+            e = s + dur_ns + (stretch_ns if (r == stretched and k == 0) else 0)
+            rows.append((s, e, 7, 5, (5 << 32) | (k + 1), 100 + r))
+        t += kernels * (dur_ns + gap_ns) + 50_000
+    a = np.array(rows, np.int64)
+    n = len(a)
+    kernels_ = {"start_ns": a[:, 0], "end_ns": a[:, 1], "stream": a[:, 2], "graph_id": a[:, 3],
+                "graph_node_id": a[:, 4], "correlation_id": a[:, 5], "device": np.zeros(n, np.int32),
+                "name_id": np.full(n, -1, np.int32)}
+    lc = np.arange(100, 100 + replays)
+    launches = {"correlation_id": lc, "device": np.zeros(replays, np.int32), "graph": np.zeros(replays, np.int32),
+                "launch_ns": lc * 0 - 1, "stream": np.full(replays, 7), "label": np.full(replays, -1, np.int32)}
+    return WindowRecords(kernels=kernels_, launches=launches, names=[], graphs=[GraphInfo(key="g5", graph_id=5)],
+                         started_s=0.0, ended_s=1.0)
+
+
+def test_a_replay_with_a_kernel_ending_late_is_excluded_and_counted_never_averaged():
+    from graphmon.analysis.replays import analyze
+    from graphmon.model.edges import assemble
+
+    w = assemble(_hf_like_window())
+    t = w.trace
+    assert sorted(set(t.correlation_id.tolist())) == [101, 102, 103]  # the first launch's replay is out
+    assert t.invalid == {"overfull_replay": 10}
+    a = analyze(t)
+    assert (a.gaps.values >= 0).all()
+    assert set(a.replays.span_ns.tolist()) == {10 * 80_000 + 9 * 8_000}
+    assert (a.replays.busy_ns == 800_000).all()
+
+
+def test_a_replay_far_longer_than_its_graphs_median_is_excluded():
+    # no overlap (the gaps of replay 2 are 10x as long), but 1.8x the median span: excluded
+    from graphmon.model.edges import complete_replays
+
+    r = _hf_like_window(stretch_ns=0)
+    k = r.kernels
+    start, end = k["start_ns"].copy(), k["end_ns"].copy()
+    m = k["correlation_id"] == 102
+    idx = np.arange(m.sum())
+    start[m] += idx * 72_000  # each of its 9 gaps 8 -> 80 us: span 0.87 -> 1.52 ms
+    end[m] += idx * 72_000
+    keep, inv = complete_replays(k["graph_id"], k["correlation_id"], r.launches["correlation_id"],
+                                 start=start, end=end, stream=k["stream"])
+    assert inv == {"overfull_replay": 10} and not keep[m].any() and keep[~m].all()
+
+
+def test_small_overlaps_and_two_replays_are_kept():
+    from graphmon.model.edges import complete_replays, mistimed_replays
+
+    # a 500 ns overlap on one stream (a kernel starting in the tail of the one before it): kept
+    r = _hf_like_window(stretch_ns=8_500)
+    k = r.kernels
+    assert len(mistimed_replays(k["start_ns"], k["end_ns"], k["stream"], k["correlation_id"], k["graph_id"])) == 0
+    # two replays, one 2.4x the other: the median cannot say which is odd, the span test is off
+    # (the overlap test still applies: a 2 ms overlap is out)
+    r = _hf_like_window(replays=2, stretch_ns=1_250_000)
+    k = r.kernels
+    assert mistimed_replays(k["start_ns"], k["end_ns"], k["stream"], k["correlation_id"], k["graph_id"]).tolist() == [100]
+    r = _hf_like_window(replays=2, stretch_ns=0)
+    k = r.kernels
+    start, end = k["start_ns"].copy(), k["end_ns"].copy()
+    m = k["correlation_id"] == 100
+    shift = np.arange(m.sum()) * 100_000  # replay 100: gaps 8 -> 108 us, span 0.87 -> 1.77 ms (2x)
+    start[m] += shift
+    end[m] += shift
+    keep, inv = complete_replays(k["graph_id"], k["correlation_id"], r.launches["correlation_id"],
+                                 start=start, end=end, stream=k["stream"])
+    assert keep.all() and inv == {}
+
+
+def test_no_real_h200_replay_is_mistimed():
+    """The bounds against real records: the shared H200 capture (480 replays, 4 streams) and the
+    six CuptiSource windows of tests/data keep every replay."""
+    from graphmon.model.edges import complete_replays, mistimed_replays
+
+    z = np.load(os.path.join(str(DATA), "h200-cupti-decode-v1.npz"))
+    assert len(mistimed_replays(z["start"], z["end"], z["stream_id"], z["correlation_id"], z["graph_id"])) == 0
+    z = np.load(os.path.join(str(DATA), "h200-cupti-windows.npz"))
+    for w in range(6):
+        g = {k: z[f"w{w}_{k}"] for k in ("start_ns", "end_ns", "stream", "graph_id", "correlation_id",
+                                           "launch_correlation_id")}
+        valid = (g["start_ns"] > 0) & (g["end_ns"] >= g["start_ns"])
+        keep, inv = complete_replays(g["graph_id"], g["correlation_id"], g["launch_correlation_id"], valid=valid,
+                                     start=g["start_ns"], end=g["end_ns"], stream=g["stream"])
+        assert set(inv) <= {"launched_outside_window"}, inv

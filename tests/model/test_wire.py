@@ -159,3 +159,131 @@ def test_unfiltered_frames_are_checked(change, msg):
     header, payload = split_frame(encode_window(_records())[4:])
     with pytest.raises(WireError, match=msg):
         _decode(frame({**header, **change}, bytes(payload)))
+
+
+# ---------------------------------------------------------------------- fields a sender controls
+@pytest.mark.parametrize("status", [
+    {"state": "running", "errors": ["x"]}, {"state": "running", "errors": "boom"},
+    {"state": "running", "errors": {"x": 10**400}}, {"state": "running", "errors": {"x": -7}},
+    {"state": "running", "errors": {"x": 1.5}}, {"state": "running", "errors": {"x": True}},
+    {"state": "running", "link": 5}, {"state": "running", "link": {"reconnects": -1}},
+    {"state": 3}, {"state": "running", "reason": ["r"]}, {"state": "running", "windows": 10**400},
+    {"state": "running", "sampling": {"next_interval_s": float("inf")}}, {"state": "running", "sampling": []},
+    {"state": "running", "errors": {f"s{i}": 1 for i in range(65)}}, [], "running",
+])
+def test_a_status_with_a_malformed_field_is_refused(status):
+    from graphmon.model.wire import decode_status
+
+    with pytest.raises(WireError) as e:
+        decode_status(status)
+    assert e.value.reason == "status"
+
+
+def test_status_keeps_known_fields_and_folds_unknown_stages_and_states():
+    from graphmon.model.wire import decode_status
+
+    got = decode_status({"state": "hacked", "reason": "r" * 1000, "errors": {"flush": 2, "made_up": 3, "also_made_up": 4},
+                         "windows": 5, "link": {"windows_dropped": 7, "reconnects": 2, "evil": "x"},
+                         "sampling": {"next_interval_s": 12, "cupti_subscribed": False, "evil": 1}, "extra": {"a": 1}})
+    assert got["state"] == "error" and len(got["reason"]) == 200
+    assert got["errors"] == {"flush": 2, "other": 7}
+    assert got["link"] == {"windows_dropped": 7, "reconnects": 2}
+    assert got["sampling"] == {"next_interval_s": 12.0, "cupti_subscribed": False}
+    assert "extra" not in got and got["windows"] == 5
+    assert decode_status({"state": "lost"})["state"] == "error"  # only the agent says a process is lost
+
+
+def test_identity_values_are_bounded_strings():
+    from graphmon.model.wire import decode_identity
+
+    got = decode_identity({"rank": "r" * 300, "pid": "1; rm -rf", "host": "h" * 1000, "interval_s": 0.5,
+                           "first_window_s": 1, "flag": True, "none": None})
+    assert len(got["rank"]) == 64 and got["rank"].startswith("r" * 55 + "~")
+    assert "pid" not in got and len(got["host"]) == 256
+    assert (got["interval_s"], got["first_window_s"], got["flag"], got["none"]) == ("0.5", "1", "true", "")
+    for bad in ({"rank": ["0"]}, {"rank": {"a": 1}}, {i: 1 for i in range(3)}, {f"k{i}": "v" for i in range(65)}, "x"):
+        with pytest.raises(WireError):
+            decode_identity(bad)
+
+
+@pytest.mark.parametrize("fn, msg", [
+    (lambda h, p: ({**h, "dropped": 10**400}, p), "dropped"),
+    (lambda h, p: ({**h, "invalid": {"partial_replay": 10**400}}, p), "invalid counts"),
+    (lambda h, p: ({**h, "invalid": {f"r{i}": 1 for i in range(65)}}, p), "invalid counts"),
+    (lambda h, p: ({**h, "ended_s": 1e300}, p), "ended_s"),
+    (lambda h, p: ({**h, "started_s": -5.0}, p), "started_s"),
+    (lambda h, p: ({**h, "observer_slowdown": -1.0}, p), "observer_slowdown"),
+    (lambda h, p: ({**h, "traced_s": 1e300}, p), "traced_s"),
+    (lambda h, p: ({**h, "graphs": [{**h["graphs"][0], "graph_id": 10**400}]}, p), "out of range"),
+])
+def test_decode_rejects_out_of_range_fields(fn, msg):
+    with pytest.raises(WireError, match=msg):
+        _decode(_tamper(fn))
+
+
+def test_invented_invalid_reasons_fold_into_one_value():
+    w = _decode(_tamper(lambda h, p: ({**h, "invalid": {**{f"made_up_{i}": 1 for i in range(60)}, "partial_replay": 2}}, p)))
+    assert dict(w.trace.invalid) == {"partial_replay": 2, "other": 60}
+
+
+def test_frame_reader_skips_frames_its_budget_refuses_and_stays_in_step():
+    budget = {"free": 100}
+
+    def reserve(n):
+        if n > budget["free"]:
+            return False
+        budget["free"] -= n
+        return True
+
+    r = FrameReader(reserve=reserve)
+    big = frame({"type": "heartbeat", "v": 1}, b"\0" * 200)  # over the budget: skipped unbuffered
+    small = encode_message("bye")
+    out = []
+    data = bytes(big + small)
+    for i in range(0, len(data), 13):
+        out += r.feed(data[i:i + 13])
+        assert r.buffered <= 100
+    assert r.skipped == 1 and [split_frame(b)[0]["type"] for b in out] == ["bye"]
+    assert budget["free"] == 100 - len(out[0])  # the frame handed out keeps its reservation
+
+
+def test_hello_frame_bound_is_what_a_hello_needs():
+    from graphmon.model.wire import MAX_HELLO_FRAME_BYTES
+
+    ident = {f"key_{i:02d}": "v" * 256 for i in range(64)}
+    hello = encode_message("hello", identity=ident, status={"state": "running", "errors": {"flush": 1}})
+    assert len(hello) < MAX_HELLO_FRAME_BYTES / 2
+    with pytest.raises(WireError, match="exceeds") as e:
+        FrameReader(max_frame_bytes=MAX_HELLO_FRAME_BYTES).feed(struct.pack("<I", 96 * 2**20))
+    assert e.value.reason == "too_large"
+
+
+def test_a_process_sampling_status_keeps_known_keys_of_known_types():
+    from graphmon.model.wire import decode_status
+
+    got = decode_status({"sampling": {"next_interval_s": 12, "last_traced_ms": 8.5, "cupti_subscribed": False,
+                                      "idle_unsubscribes": 3, "evil": "x" * 10_000, "next_interval_s_extra": 1.0}})
+    assert got["sampling"] == {"next_interval_s": 12.0, "last_traced_ms": 8.5, "cupti_subscribed": False,
+                               "idle_unsubscribes": 3}
+    for bad in ({"next_interval_s": float("nan")}, {"last_traced_ms": True}, {"cupti_subscribed": "yes"},
+                {"idle_unsubscribes": -1}):
+        with pytest.raises(WireError, match="sampling"):
+            decode_status({"sampling": bad})
+
+
+def test_a_hello_reader_hands_out_one_frame_and_keeps_the_window_after_it():
+    """A light collector sends its hello and its first window back to back: one read often holds
+    both. The window must be measured against the bound that holds after the hello (it was
+    measured against the hello's 64 KiB: a real collector's first connect failed 1 in 4)."""
+    from graphmon.model.wire import MAX_HELLO_FRAME_BYTES
+
+    hello = encode_message("hello", identity={"rank": "0"})
+    win = encode_window(_window(3000))
+    assert len(win) > MAX_HELLO_FRAME_BYTES
+    r = FrameReader(MAX_HELLO_FRAME_BYTES, one_frame=True)
+    (first,) = r.feed(bytes(hello + win[:100]))  # the hello and the start of the window, in one read
+    assert split_frame(first)[0]["type"] == "hello" and r.in_frame
+    r.max_frame_bytes, r.one_frame = 1 << 30, False  # the hello was accepted
+    assert r.feed(b"") == [] and r.buffered == len(win) - 4
+    (w,) = r.feed(bytes(win[100:]))
+    assert len(_decode(bytes(struct.pack("<I", len(w)) + w)).trace) == 3000

@@ -129,3 +129,87 @@ def test_bad_plot_arguments_one_line_exit_2(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("graphmon: error: ") and msg in err[0]
+
+
+# ---------------------------------------------------------------- issue 28 item 8
+def _titles(html: str) -> tuple[str, list[str]]:
+    _, layout = plotly_payload(html)
+    return layout["title"]["text"], [a["text"] for a in layout.get("annotations", ())]
+
+
+def test_compare_plot_titles_follow_the_text_verdict(native, uniform_file, tmp_path, capsys):
+    """Three boundaries +5 us: the boundaries say CONCENTRATED, the stream verdict says no
+    regression, compare's verdict fails the graph by its boundaries (+15 us per replay): the title
+    says so, and no stream panel may say REGRESSION or WIDENED (it said WIDENED before)."""
+    g = native.graph_names().index("decode_bs2/no_upload")
+    path = tmp_path / "c.graphmon.npz"
+    write_trace(widen_at(native, g, 154, [10, 40, 100]), path)
+    out = tmp_path / "conc.html"
+    assert main(["compare", str(NATIVE), str(path), "--plot", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "no regression" in text and "FAIL: 1 graph(s) regressed (concentrated)" in text
+    title, panels = _titles(out.read_text())
+    assert title.replace("<br>", " ").endswith(": REGRESSION (concentrated boundaries) in decode_bs2/no_upload")
+    assert not any("REGRESSION" in t or "WIDENED" in t for t in panels), panels
+    # the uniform +320 ns: every stream of the graph is a regression in the text and in the panels
+    out = tmp_path / "uni.html"
+    assert main(["compare", str(NATIVE), str(uniform_file), "--plot", str(out), "--format", "json"]) == 1
+    regressed = {(s["graph"], s["stream_baseline"]) for s in json.loads(capsys.readouterr().out)["streams"]
+                 if s["verdict"] == "regression"}
+    title, panels = _titles(out.read_text())
+    assert title.replace("<br>", " ").endswith(f": REGRESSION on {len(regressed)} streams")
+    flagged = {t for t in panels if t.endswith(" REGRESSION")}
+    assert flagged == {f"{gr} stream {s} REGRESSION" for gr, s in regressed} and len(flagged) == 4
+
+
+def test_analyze_plot_draws_every_graph_or_the_chosen_ones_and_names_the_rest(tmp_path, capsys):
+    trace = read_trace(NATIVE, progress=False)
+    names = trace.graph_names()
+    assert len(names) == 6  # more than the 4 drawn before
+    out = tmp_path / "all.html"
+    assert main(["analyze", str(NATIVE), "--plot", str(out), "--no-progress"]) == 0
+    assert "left out" not in capsys.readouterr().err
+    data, _ = plotly_payload(out.read_text())
+    drawn = {t["name"].split(": stream")[0] for t in data if t.get("mode") == "lines"}
+    assert drawn == set(names)
+    out = tmp_path / "two.html"
+    assert main(["analyze", str(NATIVE), "--plot", str(out), "--graphs", "chain/upload,decode_bs2/upload",
+                 "--no-progress"]) == 0
+    data, _ = plotly_payload(out.read_text())
+    assert {t["name"].split(": stream")[0] for t in data if t.get("mode") == "lines"} == {"chain/upload",
+                                                                                         "decode_bs2/upload"}
+    out = tmp_path / "cap.png"
+    assert main(["analyze", str(NATIVE), "--plot", str(out), "--max-graphs", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "--plot left out 4 graphs" in err and "--graphs NAME" in err
+    assert sum(n in err for n in names) == 4, err
+    assert main(["analyze", str(NATIVE), "--plot", str(out), "--graphs", "nope", "--no-progress"]) == 2
+    assert "--graphs: no graph 'nope'" in capsys.readouterr().err
+    assert main(["analyze", str(NATIVE), "--graphs", "chain/upload", "--no-progress"]) == 2  # without --plot
+
+
+def test_plot_titles_are_wrapped_inside_the_figure(tmp_path):
+    """A long trace path in the title: the PNG's title lies inside the figure, the HTML's title is
+    wrapped to the figure's width (both were clipped)."""
+    from graphmon.analysis.boundaries import boundary_gaps
+    from graphmon.analysis.replays import analyze
+    from graphmon.report.plots_compare import analyze_panels, html_figure, png_figure
+
+    trace = read_trace(KINETO, progress=False)
+    rows = analyze_panels(trace, boundary_gaps(trace), analyze(trace).replays)
+    title = "graphmon analyze " + "/very/long/folder/name" * 12 + "/h200-kineto-decode-shapeA.json.gz"
+    fig = png_figure(rows, title)
+    try:
+        fig.canvas.draw()
+        box, whole = fig._suptitle.get_window_extent(), fig.bbox
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and box.y1 <= whole.y1
+        assert fig._suptitle.get_text().split() != title.split() and "".join(fig._suptitle.get_text().split()) == "".join(
+            title.split())  # wrapped, nothing lost
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    layout = html_figure(rows, title).layout
+    lines = layout.title.text.split("<br>")
+    assert "".join("".join(lines).split()) == "".join(title.split())
+    assert len(lines) > 1 and max(map(len, lines)) <= layout.width // 10

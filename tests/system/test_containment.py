@@ -186,7 +186,9 @@ def test_scrape_rendering_failure_still_answers_200_with_health_and_error_count(
         yield  # pragma: no cover
 
     monkeypatch.setattr(SnapshotCollector, "collect", broken_collect)
-    ex.app.state.renderer._cache.clear()  # drop the body pre-rendered before the fault, so scrapes must render
+    # Drop the body pre-rendered before the fault, after any render in progress stored its body (a
+    # render started before the fault and finishing after a bare cache clear made the scrapes answer it).
+    ex.app.state.renderer.invalidate()
     for i in range(1, 4):
         r = c.get("/metrics")
         assert r.status_code == 200

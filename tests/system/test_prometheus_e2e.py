@@ -54,6 +54,8 @@ AGENT_ONLY_METRICS = {
     # the deploy verdict compares processes of a rank: tests/system/test_deploy_e2e.py checks them
     "graphmon_deploy_regression", "graphmon_deploy_stream_regression", "graphmon_deploy_gap_shift_seconds",
     "graphmon_deploy_gap_added_seconds", "graphmon_deploy_reference_age_seconds",
+    "graphmon_agent_up", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
+    "graphmon_agent_windows_dropped_total", "graphmon_link_windows_dropped_total", "graphmon_link_reconnects_total",
 }
 # Labels only Kubernetes service discovery adds (PodMonitor): absent from this stack's targets.
 K8S_ONLY_LABELS = {"namespace", "pod"}

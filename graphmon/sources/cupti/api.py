@@ -26,6 +26,8 @@ from typing import Any, NamedTuple, Optional, Protocol
 
 import numpy as np
 
+from graphmon.sources.cupti.libinfo import library_info, loaded_libcupti_paths
+
 log = logging.getLogger("graphmon.cupti")
 
 KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL (KERNEL = 3 serializes kernels: never enabled)
@@ -157,8 +159,6 @@ class CuptiPythonApi:
         if cupti is None:
             from cupti import cupti  # lazy: graphmon imports without CUDA
         self.c = cupti
-        from graphmon.sources.cupti.libinfo import library_info, loaded_libcupti_paths
-
         paths = loaded_libcupti_paths()
         if not paths:
             self.c.get_timestamp()  # cupti-python may load libcupti on first use
@@ -168,7 +168,7 @@ class CuptiPythonApi:
         self.lib = ctypes.CDLL(paths[0])  # the copy cupti-python loaded: dlopen returns the same handle
         self.names_key = ("libcupti", paths[0])  # kernel-name pointers are this library's: shared by later attaches
         self.lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
-        self._info = library_info()
+        self._info = library_info(api_version=cupti_api_version)
         self.pool = buffer_pool(buffer_size_bytes, max_buffers)
         self._sub = None
         self._handler: Optional[CallbackHandler] = None

@@ -2,7 +2,8 @@
 
 Two copies of libcupti in one process (torch's and cupti-python's) is a real failure mode: the
 buffer callbacks and the subscription would then live in different libraries. This module only
-reads /proc/self/maps and wheel metadata; the version call goes through api.py.
+reads /proc/self/maps and wheel metadata; the call into libcupti for its API version is api.py's
+(passed in as ``api_version``), so that api.py imports this module and never the reverse.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+from typing import Callable, Optional
 
 
 def loaded_libcupti_paths(maps_path: str = "/proc/self/maps") -> list[str]:
@@ -22,10 +24,11 @@ def loaded_libcupti_paths(maps_path: str = "/proc/self/maps") -> list[str]:
     return [p for p in paths if p.startswith("/")]
 
 
-def library_info(maps_path: str = "/proc/self/maps") -> dict[str, str]:
+def library_info(maps_path: str = "/proc/self/maps",
+                 api_version: Optional[Callable[[str], Optional[int]]] = None) -> dict[str, str]:
     """The libcupti loaded in this process: path, the nvidia-cuda-cupti wheel version that
-    shipped it (when it came from one) and cuptiGetVersion's API version. Empty when none is
-    loaded. Never raises."""
+    shipped it (when it came from one) and, given ``api_version`` (api.cupti_api_version),
+    cuptiGetVersion's API version. Empty when none is loaded. Never raises."""
     out: dict[str, str] = {}
     paths = loaded_libcupti_paths(maps_path)
     if not paths:
@@ -36,9 +39,7 @@ def library_info(maps_path: str = "/proc/self/maps") -> dict[str, str]:
     ver = wheel_version_of(paths[0])
     if ver:
         out["cupti_lib_version"] = ver
-    from graphmon.sources.cupti.api import cupti_api_version
-
-    api = cupti_api_version(paths[0])
+    api = api_version(paths[0]) if api_version is not None else None
     if api is not None:
         out["cupti_api_version"] = str(api)
     return out

@@ -58,6 +58,16 @@ def make(fake=None, **kw):
 wait_for = wait_until  # tests/helpers.py
 
 
+def open_window(fake, src, h, stream=MAIN, timeout_s=5.0):
+    """Windows open on graph launches: launch until the traced window is open (the launches
+    before it are the one that opens it and its reference phase)."""
+    t0 = time.monotonic()
+    while not src.in_window:
+        assert time.monotonic() - t0 < timeout_s, "no window opened"
+        fake.launch(h, stream)
+        time.sleep(0.001)
+
+
 def per_stream_gaps(trace):
     gaps = {}
     order = np.lexsort((trace.start_ns, trace.stream, trace.correlation_id))
@@ -193,7 +203,7 @@ def _one_capture(fake, src, windows, req: CaptureRequest, launches: int):
     h = fake.instantiate(decode_like(1))
     assert wait_for(lambda: src.health().state == "running")
     src.request_capture(req)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     for _ in range(launches):
         fake.launch(h, MAIN)
     assert wait_for(lambda: len(windows) >= 1)
@@ -337,8 +347,7 @@ def test_window_edge_replays_are_excluded_and_counted():
     fake, src, windows = make(observer="off")
     h = fake.instantiate(decode_like(2))
     src.start(windows.append)
-    fake.launch(h, MAIN)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     # a replay that started before the window: simulate with kernels traced but no launch row
     with fake.lock:
         fake._run_graph(h, 424242)
@@ -493,8 +502,7 @@ def test_keep_raw_keeps_the_unfiltered_window():
     fake, src, windows = make(observer="off", keep_raw=True)
     h = fake.instantiate(decode_like(2))
     src.start(windows.append)
-    fake.launch(h, MAIN)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     with fake.lock:
         fake._run_graph(h, 424242)  # traced, but no launch row: excluded from the trace
     with Workload(fake, [h]):
@@ -567,7 +575,7 @@ def test_launch_callbacks_keep_nothing_per_launch():
     fake, src, windows = make(observer="off", window_launches=100_000, window_duration_ms=60_000, interval_s=60.0)
     h = fake.instantiate(decode_like(1))
     src.start(windows.append)
-    assert wait_for(lambda: src.in_window)
+    open_window(fake, src, h)
     for _ in range(50):
         fake.launch(h, MAIN)  # warm: stream ids, registry entry
     # the callbacks' code; records.py (decoding buffers, on the collector thread) is left out
@@ -719,14 +727,14 @@ def test_records_sink_ships_unfiltered_records_and_never_assembles(monkeypatch):
     """A light collector's source (records_sink) hands its sink WindowRecords as decoded and
     spends nothing on window-edge filtering or Trace.build: the agent does that. Assembling the
     records later gives the window the in-process path gives (same filtering)."""
-    import graphmon.sources.cupti.collector as collector
+    import graphmon.sources.cupti.closing as closing
     from graphmon.model.edges import assemble
     from graphmon.model.window import WindowRecords
 
     def no(*a, **k):
         raise AssertionError("assembled in the serving process")
 
-    monkeypatch.setattr(collector, "assemble", no)
+    monkeypatch.setattr(closing, "assemble", no)
     fake, src, got = make()
     src.records_sink = True
     src.start(got.append)
@@ -767,19 +775,19 @@ def test_the_collector_yields_the_gil_in_proportion_to_its_work(share):
     # after a piece of C s of CPU the collector sleeps C*(1-share)/share (at least yield_ms), so a
     # host thread that needs the GIL all the time keeps at least 1-share of it
     src = CuptiSource(FakeCupti(), settings=CuptiSettings(gil_share=share, yield_ms=0.1))
-    src._piece_cpu0 = time.thread_time()
+    src.pacer.start_piece()
     c0 = time.thread_time()
     while time.thread_time() - c0 < 0.006:
         pass
     t0 = time.perf_counter()
-    src._yield()
+    src.pacer.pause()
     slept_s = time.perf_counter() - t0
     if share == 1.0:
         assert slept_s < 0.012  # only yield_ms (0.1 ms) and the scheduler (a loaded 2-core CI), not 18 ms
     else:
         assert 0.017 <= slept_s < 0.045  # 3 x 6 ms
     # the next piece is measured from the end of this sleep, not from the piece before
-    assert time.thread_time() - src._piece_cpu0 < 0.002
+    assert time.thread_time() - src.pacer.piece_cpu0 < 0.002
 
 
 def test_a_later_attach_keeps_the_kernel_names_read_by_an_earlier_one():
@@ -947,3 +955,206 @@ def test_a_first_launch_pending_past_the_quiet_period_is_polled_not_spun():
     assert wait_for(lambda: fake.handler is None, 3)  # launched: nothing pending, quiet long past: idle
     src.stop()
     assert src.registry.get(h).upload_mode == "lazy"
+
+
+# ---------------------------------------------------------------------- windows open on graph launches
+class Enables:
+    """Counts kernel-tracing enables of a fake (set_kernel_activity(True) calls)."""
+
+    def __init__(self, fake):
+        self.n = 0
+        orig = fake.set_kernel_activity
+
+        def spy(on):
+            self.n += bool(on)
+            orig(on)
+
+        fake.set_kernel_activity = spy
+
+
+def test_a_due_window_traces_nothing_until_a_graph_launch_opens_it():
+    # armed: the launch callback on, tracing off, for as long as no graph launches
+    fake, src, windows = make(interval_s=60.0, first_window_s=0.0)
+    enables = Enables(fake)
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    time.sleep(0.3)  # (a timer-opened window would have traced ~200 ms here and closed)
+    assert src.armed and enables.n == 0 and not windows
+    assert fake.launch_callbacks  # on while armed: the next launch opens the window
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    w = windows[0]
+    assert enables.n == 1 and w.trace.n_launches == 6 and len(w.trace) == 6 * 6
+    assert src.phase_log[0]["armed_ms"] >= 300
+
+
+def test_a_warm_up_pause_does_not_push_the_first_data_out():
+    # issue 29: a window that opened on its timer in a compile pause traced nothing, and the
+    # tracing budget then put the next one max_interval_s away: no data for the steady decode
+    # that followed. Now the window waits for launches: the first one after the pause is traced.
+    fake, src, windows = make(interval_s=0.2, first_window_s=0.0, window_duration_ms=50, max_traced_share=0.001,
+                              max_interval_s=30.0)
+    h = fake.instantiate(decode_like(2))
+    src.start(windows.append)
+    for _ in range(3):  # warm-up replays, then a compile pause longer than a window
+        fake.launch(h, MAIN)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    with Workload(fake, [h]):
+        assert wait_for(lambda: any(len(w.trace) for w in windows), 3)
+    src.stop()
+    assert time.monotonic() - t0 < 2.0
+    # a window the warm-up launches opened traced nothing in the pause: counted, no budget spent
+    assert src.stats["empty_no_launches"] <= 1
+
+
+def test_a_window_that_traced_no_launch_spends_no_budget_and_is_counted():
+    # the launches stop right after the reference phase: the traced window gets none
+    fake, src, windows = make(window_launches=2, window_duration_ms=60, interval_s=0.05, first_window_s=0.0,
+                              max_traced_share=1e-6, max_interval_s=3600.0)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    fake.launch(h, MAIN)
+    fake.launch(h, MAIN)  # the reference phase's two launches; then nothing
+    assert wait_for(lambda: len(windows) >= 1)
+    assert windows[0].trace.n_launches == 0 and windows[0].traced_s > 0.05
+    assert src.stats["empty_no_launches"] == 1
+    assert src.stats["interval_s"] == 0.05  # not 60 ms / 1e-6: the next window arms after interval_s
+    assert wait_for(lambda: src.armed)  # ... and it does
+    src.stop()
+
+
+def test_a_window_with_launches_and_no_record_spends_no_budget():
+    fake, src, windows = make(interval_s=0.05, first_window_s=0.0, max_traced_share=1e-9, max_interval_s=3600.0,
+                              window_launches=3)
+    empty = fake.instantiate([])  # a graph whose replays trace no kernel record
+    full = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    with Workload(fake, [empty]):
+        assert wait_for(lambda: len(windows) >= 1)
+        assert windows[0].trace.n_launches == 3 and len(windows[0].trace) == 0
+        assert src.stats["interval_s"] == 0.05 and src.stats["empty_no_launches"] == 0
+    with Workload(fake, [full]):
+        assert wait_for(lambda: any(len(w.trace) for w in windows))
+    src.stop()
+    assert src.stats["interval_s"] == 3600.0  # a window with records spends the budget
+
+
+def test_no_graph_launch_gives_idle_windows_and_never_traces():
+    fake, src, windows = make(interval_s=0.1, first_window_s=0.0)
+    enables = Enables(fake)
+    src.start(windows.append)
+    assert wait_for(lambda: len(windows) >= 3, 3)
+    assert enables.n == 0 and src.stats["idle_windows"] >= 3
+    assert all(w.trace.n_launches == 0 and len(w.trace) == 0 and w.traced_s == 0 for w in windows)
+    assert wait_for(lambda: src.armed and fake.launch_callbacks)  # armed again at once: a launch opens a window
+    src.stop()
+
+
+def test_a_capture_opens_on_a_launch_or_answers_empty_after_its_duration():
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0)
+    enables = Enables(fake)
+    h = fake.instantiate(decode_like(1))
+    src.start(windows.append)
+    assert wait_for(lambda: src.health().state == "running")
+    src.request_capture(CaptureRequest(id="none", replays=3, duration_ms=150))
+    assert wait_for(lambda: len(windows) >= 1)
+    assert windows[0].capture_id == "none" and windows[0].trace.n_launches == 0 and enables.n == 0
+    src.request_capture(CaptureRequest(id="some", replays=3, duration_ms=2000))
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    assert windows[1].capture_id == "some" and windows[1].trace.n_launches == 3 and enables.n == 1
+
+
+# ---------------------------------------------------------------------- the forced flush's made-up ends
+def test_a_drained_window_is_flushed_without_forcing_so_its_ends_are_real():
+    # H200 (bench/results/gpu-check-10): with the CUDA events saying every window launch had run,
+    # one forced flush returned the last replay's records with the flush's time as end (CUPTI had
+    # not taken them in): span = busy = 1.5-2.1 ms against 0.14 ms. The fake does the same.
+    fake = FakeCupti()
+    fake.forced_flush_stamps_ns = 2_000_000
+    fake, src, windows = make(fake)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 2)
+    src.stop()
+    for w in windows:
+        assert per_stream_gaps(w.trace) == {MAIN: {400, 416}, SIDE: {600}}
+        assert w.trace.n_launches == 6 and len(w.trace) == 12 * 6
+    assert src.stats["late_stamped_records"] == 0 and "flush_forced" not in src.health().errors
+
+
+def test_ends_stamped_after_the_launches_ran_are_dropped_and_counted():
+    # when only a forced flush brings the window back (max_drain_ms), the ends it made up are
+    # told apart by time (after the events said the launches ran): their replays are excluded
+    # and counted, never assembled
+    from graphmon.analysis.replays import analyze
+
+    fake = FakeCupti()
+    fake.forced_flush_stamps_ns = 2_000_000
+    real_flush = fake.flush
+    fake.flush = lambda forced=False: real_flush(forced) if forced else fake.flushes.append(False)
+    fake, src, windows = make(fake, max_drain_ms=30)
+    h = fake.instantiate(decode_like(4, MAIN, SIDE))
+    src.start(windows.append)
+    with Workload(fake, [h]):
+        assert wait_for(lambda: len(windows) >= 1)
+    src.stop()
+    t = windows[0].trace
+    assert src.stats["late_stamped_records"] >= 12 * 6 and True in fake.flushes
+    assert len(t) == 0 or (analyze(t).gaps.values >= 0).all()
+    assert t.invalid_total >= 12 * 6  # every window kernel counted, none served with a made-up end
+
+
+def test_the_h200_windows_late_stamps_are_caught_and_nothing_else():
+    """Real records (tests/data/h200-hf-late-stamps.npz): in 12 windows the last replay's kernels
+    carry times 20-200 us after tracing was switched off, which the CUDA events had said ran
+    before it. Checked against the switch-off time (the drain's moment is just before it): the
+    rule catches every one of them and no other kernel of a window launch; the assembled windows
+    then have no overlap on the stream and no outsized replay."""
+    from graphmon.analysis.replays import analyze
+    from graphmon.model.edges import assemble
+    from graphmon.model.trace import GraphInfo
+    from graphmon.model.window import WindowRecords
+    from graphmon.sources.cupti.closing import unknown_late_ends
+    from graphmon.sources.cupti.records import KernelColumns
+
+    z = np.load(os.path.join(str(DATA), "h200-hf-late-stamps.npz"))
+    caught = []
+    for w in range(int(z["windows"])):
+        k = {c: z[f"w{w}_{c}"].copy() for c in ("start", "end", "stream", "graph_id", "node", "corr")}
+        lc, n = z[f"w{w}_launch_corr"], len(z[f"w{w}_start"])
+        cols = KernelColumns(k["start"], k["end"], k["stream"], np.zeros(n, np.int32), k["graph_id"], k["node"],
+                             k["corr"], np.zeros(n, np.uint64))
+        caught.append(unknown_late_ends(cols, lc, int(z[f"w{w}_off_ns"])))
+        m = len(lc)
+        rec = WindowRecords(
+            kernels={"start_ns": cols.start_ns, "end_ns": cols.end_ns, "stream": cols.stream, "device": cols.device,
+                     "graph_id": cols.graph_id, "graph_node_id": cols.graph_node_id,
+                     "correlation_id": cols.correlation_id, "name_id": np.full(n, -1, np.int32)},
+            launches={"correlation_id": lc, "device": np.zeros(m, np.int32), "graph": np.zeros(m, np.int32),
+                      "launch_ns": np.full(m, -1), "stream": np.full(m, 7), "label": np.full(m, -1, np.int32)},
+            names=[], graphs=[GraphInfo(key="g5", graph_id=5)], started_s=0.0, ended_s=1.0)
+        a = analyze(assemble(rec).trace)
+        assert (a.gaps.values >= -1000).all()
+        assert a.replays.span_ns.max() <= 1.5 * np.median(a.replays.span_ns)
+    # 12 to 62 of the 62 kernels of each of the 12 last replays; none anywhere else
+    assert sum(c > 0 for c in caught) == 12 and sum(caught) == 503
+
+
+def test_a_capture_asked_while_armed_is_answered_after_its_own_duration():
+    # armed for a sampling window (interval_s 60: it would wait that long) when a capture comes:
+    # with no launch, the capture's 150 ms bound the wait, not the sampling window's
+    fake, src, windows = make(interval_s=60.0, first_window_s=0.0)
+    src.start(windows.append)
+    assert wait_for(lambda: src.armed)
+    t0 = time.monotonic()
+    src.request_capture(CaptureRequest(id="c", replays=3, duration_ms=150))
+    assert wait_for(lambda: len(windows) >= 1, 3)
+    src.stop()
+    assert windows[0].capture_id == "c" and windows[0].trace.n_launches == 0 and time.monotonic() - t0 < 2.0

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The follow-up of observer-h200-call1 in one device call (run from the repo root; as
+# bench/observer_gpu.sh): does a graph captured after kernel tracing was on run slower untraced
+# (bench/trace_residue.py); decode_server's ground truth on a graph captured before any tracing
+# (observer_truth.py --stages decode, in a process of its own); GRAPH_TRACE's cost without
+# switching it off and on (replay_signal.py --stages graph_trace, in a process of its own); HF's
+# replays timed untraced by GRAPH_TRACE and traced by CUPTI, the same instances (observer_hf.py
+# --gt-first). Everything lands under $OUT/observer2.
+set -u
+OUT=${OUT:-gpu-out}
+D="$OUT/observer2"
+mkdir -p "$D/truth-pristine"
+PY=${PYTHON:-python3}
+if ! $PY -c "import cupti" >/dev/null 2>&1 && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >"$D/pip.txt" 2>&1 || { echo "wheel install failed"; tail -5 "$D/pip.txt"; }
+  export PYTHONPATH="$PWD:/tmp/site"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader > "$D/gpu.txt" 2>&1
+T0=$SECONDS
+run() {  # name, limit_s, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$D/$name.log" 2>&1
+  echo "$name: exit $? after $((SECONDS - T0)) s"
+  grep -E "^(==|!!)|->|cost |hf truth|gt_|: .* us \(" "$D/$name.log" | tail -20
+}
+run residue ${RESIDUE_S:-50} $PY bench/trace_residue.py --out "$D"
+run truth_pristine ${TRUTH_S:-45} $PY bench/observer_truth.py --out "$D/truth-pristine" --stages decode
+run graph_trace ${GT_S:-60} $PY bench/replay_signal.py --out "$D" --stages graph_trace
+run hf_gt ${HF_S:-120} $PY bench/observer_hf.py --out "$D" --gt-first --stages warm,gt_only,truth
+echo "observer2: total $((SECONDS - T0)) s"
