@@ -392,9 +392,34 @@ def decode_dashboard() -> dict[str, Any]:
                         targets((f"{idle_by_rank}\n/ on ({HOST_BY}) group_left\nquantile by ({HOST_BY}) (0.5, {idle_by_rank})",
                                  WHERE)), unit="none", w=8, min_value=None))
 
+    # The agent's deploy verdict (issue 27): the process that took over a rank against the one
+    # before it, or against a pinned baseline. No upload_mode label: selected by rank, device,
+    # graph and stream only. GraphmonDeployRegression fires on the table's rows.
+    deploy_sel = RANK_SEL + ', device=~"$device", graph=~"$graph"'
+    legend_ref = "{{graph}} vs {{reference}} " + WHERE + "/d{{device}}"
+    p.append(row(lay, "Deploy verdict (after a restart: the new process of a rank against the previous one)"))
+    p.append(table(lay, "Deploy regressions now", "One row per graph that regressed against its reference "
+                   "(previous process, or the pinned baseline) and its kind: uniform (every gap), concentrated or mixed "
+                   "(a few boundaries). GET /status on the agent (\"deploy\") names the boundaries and kernels.",
+                   f"graphmon_deploy_regression{{{deploy_sel}}} == 1", w=12, h=8))
+    p.append(timeseries(lay, "Gap added per replay by the deploy",
+                        "Summed median shift of the boundaries the verdict names (widened ones; moved ones when "
+                        "uniform): gap time each replay gained against the reference. 0 after a restart without change.",
+                        targets((f"graphmon_deploy_gap_added_seconds{{{deploy_sel}}}", legend_ref))))
+    p.append(timeseries(lay, "Median gap shift per stream after the deploy",
+                        "Shift of the median per-replay median gap of each stream against the reference (graphmon "
+                        "compare's statistic; its 95% interval is in /status).",
+                        targets((f'graphmon_deploy_gap_shift_seconds{{{deploy_sel}, stream=~"$stream"}}',
+                                 "{{graph}} s{{stream}} vs {{reference}} " + WHERE)), min_value=None))
+    p.append(timeseries(lay, "Deploy reference age",
+                        "Seconds since the reference's newest window: how old the previous process's (or the pinned) "
+                        "windows are that the current process is compared with.",
+                        targets((f"graphmon_deploy_reference_age_seconds{{{RANK_SEL}}}", "{{reference}} " + WHERE))))
+
     p.append(row(lay, "Graphs"))
-    p.append(table(lay, "Graphs seen", "One row per graph exec: key, label, upload mode, batch size and whether it was "
-                   "uploaded on its launch stream.", f"graphmon_graph_info{{{GRAPH_SEL}}}"))
+    p.append(table(lay, "Graphs seen", "One row per graph exec: key, label, upload mode, batch size, whether it was "
+                   "uploaded on its launch stream, and its structural signature (kernels, streams, nodes without a "
+                   "kernel, kernel-name hash).", f"graphmon_graph_info{{{GRAPH_SEL}}}"))
 
     variables = [
         *host_vars(),

@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default="1,2", help="one graph per batch size and mode")
     ap.add_argument("--modes", default="uploaded,lazy,instantiate_upload")
     ap.add_argument("--attach", action="store_true", help="call graphmon.attach() from code")
+    ap.add_argument("--memcpy", action="store_true",
+                    help="a tiny device-to-device copy node after every kernel (a 'new build': same kernels, wider gaps)")
     ap.add_argument("--port", type=int, default=9479)
     ap.add_argument("--sync-every", type=int, default=8,
                     help="synchronize every N steps (a step replays each graph once); larger = the CPU runs further ahead")
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
 
     if args.attach:
         graphmon.attach(port=args.port)
-    model = DecodeModel(layers=args.layers)
+    model = DecodeModel(layers=args.layers, memcpy=args.memcpy)
     graphs = build(model, [int(b) for b in args.batch_sizes.split(",")], args.modes.split(","))
     t0 = time.monotonic()
     n = steps = 0

@@ -92,7 +92,7 @@ def _check_plot_path(path: str | None) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    """Exit 1 when a regression is flagged (so it can gate CI), 0 otherwise, 2 on bad input."""
+    """Exit 1 when a regression of a --fail-on kind is found (so it can gate CI), 0 otherwise, 2 on bad input."""
     from graphmon.analysis.compare import Thresholds, compare
     from graphmon.analysis.heap import reuse_heap_for_batch
     from graphmon.formats.read import read_trace
@@ -106,6 +106,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         pairs.append(tuple(spec.split("=")))
     th = Thresholds(min_shift_ns=args.min_shift_ns, min_rel=args.min_rel, alpha=args.alpha,
                     min_replays=args.min_replays)
+    from graphmon.analysis.deploy import Gate, judge
+
+    gate = Gate(min_added_ns=args.min_added_ns, min_added_rel=args.min_added_rel)
     _check_plot_path(args.plot)
     if args.top < 1:
         raise CliError("--top must be >= 1")
@@ -117,20 +120,24 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     attr = attribute(base, cur, pairs=pairs, top=args.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                      min_replays=th.min_replays)
+    verdict = judge(result, attr, gate)
     if args.format == "json":
         from graphmon.report.jsonsafe import json_safe
 
-        json.dump(json_safe({**result.as_dict(), "boundaries": attr.to_json()}), sys.stdout, indent=2)
+        json.dump(json_safe({**result.as_dict(), "boundaries": attr.to_json(), "verdict": verdict.to_json()}),
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(result.format_table() + "\n" + format_attribution(attr, _kernel_width(args)))
+        print(result.format_table() + "\n" + format_attribution(attr, _kernel_width(args)) + "\n"
+              + verdict.format_table(args.fail_on))
     if args.plot:
         from graphmon.report.plots_compare import plot_compare
 
         plot_compare(attr, args.plot, title=f"graphmon compare {args.baseline} -> {args.current}",
-                     regressions=result.regressions)
+                     regressions=result.regressions,
+                     boundary_regressions=[(g.graph, g.kind) for g in verdict.regressions() if g.why == "boundaries"])
         print(f"graphmon: wrote {args.plot}", file=sys.stderr)
-    return 1 if result.regressions else 0
+    return 1 if verdict.regressions(args.fail_on) else 0
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
@@ -273,7 +280,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_attach_flags(rc, full or command == "record")
     rc.set_defaults(func=_cmd_record)
 
-    cp = sub.add_parser("compare", help="flag per-stream gap regressions between two traces (exit 1 on regression)")
+    cp = sub.add_parser("compare", help="flag gap regressions between two traces: per stream and per boundary "
+                                        "(exit 1 on a regression of a --fail-on kind)")
     cp.add_argument("baseline", metavar="BASELINE", help="trace file (any format graphmon reads)")
     cp.add_argument("current", metavar="CURRENT", help="trace file (any format graphmon reads)")
     cp.add_argument("--format", choices=("table", "json"), default="table")
@@ -284,6 +292,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cp.add_argument("--alpha", type=float, default=0.01, help="significance level after Bonferroni (default 0.01)")
     cp.add_argument("--min-replays", type=int, default=5, help="replays needed per side to test a stream (default 5)")
     cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
+    cp.add_argument("--fail-on", choices=("uniform", "concentrated", "any"), default="any",
+                    help="exit 1 on this kind of regressed graph (its boundary verdict): uniform (the whole graph "
+                         "widened), concentrated (a few boundaries; or mixed), any (default)")
+    cp.add_argument("--min-added-ns", type=float, default=1000.0,
+                    help="a boundary verdict regresses when its widened boundaries add at least this much gap per "
+                         "replay (default 1000 ns) ...")
+    cp.add_argument("--min-added-rel", type=float, default=0.02,
+                    help="... and at least this share of the baseline's median idle time per replay (default 0.02)")
     cp.add_argument("--plot", metavar="OUT.png|OUT.html",
                     help="draw per-stream gap distributions before/after and the per-boundary shift")
     _add_wide(cp)

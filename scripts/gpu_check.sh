@@ -7,7 +7,7 @@
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
 # tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,trace,decode,impact (default tests,e2e,live;
 # idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/trace_cost.py;
-# decode: bench/decode_buffers.py; impact: bench/host_impact.py).
+# decode: bench/decode_buffers.py; impact: bench/host_impact.py; deploy: bench/deploy_restart.py, < 5 min).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -104,5 +104,11 @@ if has impact; then
     > "$OUT/all/host-impact.log" 2>&1; echo "exit $?"
   cp "$OUT/all/impact/host-impact.json" "$OUT/" 2>/dev/null
   tail -5 "$OUT/all/host-impact.log"
+fi
+if has deploy; then
+  echo "== a deploy under one agent: decode v1 -> v2 (memcpy nodes) -> v3, HF h1 -> h2 (bench/deploy_restart.py)"
+  timeout 300 $PY bench/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 285 > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
+  cp "$OUT/all/deploy/deploy-restart.json" "$OUT/" 2>/dev/null
+  grep -h "^rank " "$OUT/all/deploy-restart.log" | tee "$OUT/deploy-restart-summary.txt"
 fi
 tar -czf "$OUT/gpu-check.tgz" -C "$OUT" all && rm -rf "$OUT/all"

@@ -61,6 +61,15 @@ OTHER_SAMPLES = {
     "graphmon_label_values_truncated_total",
     "graphmon_values_out_of_range_total",
     "graphmon_kernel_tracing_seconds_total",  # issue 13: the tracing budget at work
+    # The agent's deploy verdict (graphmon/export/deploy_metrics.py)
+    "graphmon_deploy_regression",
+    "graphmon_deploy_stream_regression",
+    "graphmon_deploy_gap_shift_seconds",
+    "graphmon_deploy_gap_added_seconds",
+    "graphmon_deploy_reference_age_seconds",
+    "graphmon_deploy_graphs_left_out",
+    "graphmon_deploy_windows_dropped_total",
+    "graphmon_deploy_computations_total",
     # The agent's own (issues 28 item 2, 31): liveness from the start, what it refused or dropped.
     "graphmon_agent_up",
     "graphmon_agent_connections_rejected_total",

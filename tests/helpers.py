@@ -208,6 +208,28 @@ def check_gaps_against_profiler(traces, prof_paths, metrics, tolerance_ns=32):
         assert abs(live[k] - ref[k]) <= tolerance_ns, (k, live[k], ref[k])
 
 
+HELD_OUT_GRAPH = "decode_bs2/no_upload"
+HELD_OUT_STREAMS = (7, 154, 156)  # the streams with many boundaries: +5 us on one moves no per-replay median
+
+
+def held_out_concentrated(trace: Trace, add_ns: int = 5_000) -> tuple[list[tuple[int, int]], Trace]:
+    """The issue's held-out case: +``add_ns`` on three boundaries (one on each of three streams, a
+    small gap in the middle of the stream) of decode_bs2/no_upload of the H200 trace."""
+    from graphmon.analysis.boundaries import boundary_gaps
+
+    g = trace.graph_names().index(HELD_OUT_GRAPH)
+    b = boundary_gaps(trace)
+    med = b.quantile(0.5)
+    picks = []
+    for s in HELD_OUT_STREAMS:
+        rows = np.flatnonzero((b.graph == g) & (b.stream == s) & (med < 1_000) & (b.position >= 5))
+        picks.append((s, int(b.position[rows[len(rows) // 2]])))
+    cur = trace
+    for s, p in picks:
+        cur = widen_at(cur, g, s, [p], add_ns)
+    return picks, cur
+
+
 class AgentClient:
     """A hand-made process on an agent's Unix socket: hello, heartbeats, windows, raw frames."""
 

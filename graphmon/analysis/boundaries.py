@@ -185,6 +185,8 @@ class GraphAttribution:
     flagged_streams: list[int]  # baseline stream ids the verdict points at (see attribute)
     streams: int
     gap_change_ns: float  # summed median shift of all matched boundaries (gap time per replay)
+    widened_shift_ns: float  # summed median shift of the widened boundaries (what a few of them added per replay)
+    moved_shift_ns: float  # summed median shift of the moved boundaries
     median_shift_ns: float  # the typical boundary's shift (about the injected step when uniform)
     idle_median_baseline_ns: float  # per replay: span - busy (context; overlap makes it differ from the gaps)
     idle_median_current_ns: float
@@ -355,12 +357,13 @@ def attribute(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str
             flagged_streams=sorted({int(bb.stream[pb_a[j]]) for j in
                                     np.flatnonzero(moved if verdict == "uniform" else flagged).tolist()}),
             streams=len(smatch), gap_change_ns=total,
+            widened_shift_ns=float(shift[flagged].sum()), moved_shift_ns=float(shift[moved].sum()),
             median_shift_ns=float(np.median(shift)) if len(shift) else float("nan"),
             idle_median_baseline_ns=float(np.median(rep_b.idle_ns[ib])) if ib.any() else float("nan"),
             idle_median_current_ns=float(np.median(rep_c.idle_ns[ic])) if ic.any() else float("nan"),
             top_share=share, verdict=verdict, top=tops,
             all_shifts={"stream_rank": rank_a, "at_us": bb.at_ns[pb_a] / 1e3, "shift_ns": shift, "flagged": flagged,
-                        "stream": bb.stream[pb_a], "gaps": gaps},
+                        "moved": moved, "stream": bb.stream[pb_a], "stream_current": bc.stream[pc_a], "gaps": gaps},
         ))
     return Attribution(graphs=out, min_shift_ns=min_shift_ns, min_rel=min_rel,
                        widened_min_shift_ns=max(min_shift_ns, widened_min_shift_ns))

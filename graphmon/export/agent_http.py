@@ -278,14 +278,36 @@ def status(agent: Agent) -> dict:
             "errors_total": dict(agent.errors)}
 
 
+def _live_incarnations(agent: Agent) -> set[str]:
+    """The processes connected now, as the deploy verdict names them (Attached.incarnation)."""
+    return {a.incarnation for a in agent.attached() if a.gone_s is None}
+
+
 def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S):
+    from graphmon.export import deploy_metrics
+    from graphmon.export.baseline import PooledBaseline
+    from graphmon.export.deploy import DeployVerdict
     from graphmon.export.server import create_app
 
+    st = agent.settings
+    # The deploy verdict: each window is queued on the ingest thread, pooled and compared on its own
+    # thread; /baseline pins through it (the same pooling).
+    verdict = DeployVerdict(lookup=agent.trace_lookup)
+    agent.window_hooks.append(verdict.on_window)
+    deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,
+                                            max_streams=st.max_streams, max_label_length=st.max_label_length)
+
+    def extra_status() -> dict:
+        return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_incarnations(agent), st.max_graphs)}
+
     # The agent-level collectors of /metrics (AgentMetrics renders them beside the ranks' pieces at
-    # every render; create_app's own renderer, and its extra_collectors, do not serve the agent).
-    collectors: list = [AgentHealthCollector(agent)]
+    # every render, so a new verdict shows within render_interval_s; create_app's own renderer, and
+    # its extra_collectors, do not serve the agent).
+    collectors: list = [AgentHealthCollector(agent), deploy]
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
-                     settings=agent.settings, extra_status=lambda: status(agent), last_window=agent.last_window_id)
+                     settings=st, extra_status=extra_status, last_window=agent.last_window_id,
+                     baseline=PooledBaseline(verdict))
+    app.state.deploy = verdict
     errors = app.state.errors
     metrics = AgentMetrics(agent, cardinality=agent.settings.cardinality, render_interval_s=render_interval_s,
                            extra_errors=errors.snapshot, on_error=errors.count, collectors=collectors)

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from graphmon.analysis.replays import NO_VALUE, Analysis, analyze, grouped_quantiles
+from graphmon.analysis.signature import graph_signatures
 from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, MAX_VALUE_NS, REPLAY_KINDS, REPLAY_QUANTILES, bucket_counts
 from graphmon.export.snapshot import GraphSeries, Hist, Snapshot, freeze
 from graphmon.export.tracestore import TraceStore
@@ -294,6 +295,7 @@ class Aggregator:
         names = t.graph_names()
         out: dict[tuple, tuple[str, GraphSeries]] = {}
         pairs = set(zip(a.replays.device.tolist(), a.replays.graph.tolist()))
+        sigs = graph_signatures(t)  # per window: a successor's changed graph shows under the same name
         for dev, gi in sorted(pairs):
             info = t.graphs[gi]
             d = self._device(dev)
@@ -315,6 +317,7 @@ class Aggregator:
                 upload_mode=info.upload_mode,
                 upload_stream_is_launch_stream="unknown" if ul is None else str(bool(ul)).lower(),
                 batch_size=str(bs) if isinstance(bs, int) and bs >= 0 and slot[0] != OTHER else "",
+                signature=sigs.get(gi, "") if slot[0] != OTHER else "",
             )
             out[(dev, gi)] = (d, gs)
             self._graphs[(d, gs.graph)] = gs

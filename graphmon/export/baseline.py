@@ -1,4 +1,8 @@
-"""The pinned baseline window and the per-boundary attribution of the last window against it.
+"""The pinned baseline and the per-boundary attribution of the last window(s) against it.
+
+:class:`Baseline` (the in-process exporter) pins one window; :class:`PooledBaseline` (the agent)
+pins a window pooled with its process's earlier windows and compares it with the rank's newest
+pooled windows, through the deploy verdict (graphmon.export.deploy).
 
 ``POST /baseline`` pins one window's Trace (a reference is kept, so eviction from the trace store
 does not lose it). The attribution of the newest window against it (~0.4 s of CPU for a window
@@ -15,6 +19,7 @@ import time
 from typing import Any, Callable, Optional
 
 from graphmon.analysis.boundaries import live_top_boundaries
+from graphmon.report.jsonsafe import json_safe
 
 log = logging.getLogger("graphmon")
 TOP_BOUNDARIES = 5  # boundaries per graph carried by /status and /trace
@@ -115,3 +120,73 @@ class Baseline:
             self._result = {"baseline": base_id, "window": window_id, "graphs": graphs, "seconds": done - t0,
                             "done_at": done, "error": error}
             self._running = None
+
+
+class PooledBaseline:
+    """/baseline in the agent: the pinned window pooled with its process's windows before it, compared
+    with the newest pooled windows of the same rank by the deploy verdict (graphmon.export.deploy),
+    the same pooling as the comparison after a restart. The same interface as :class:`Baseline`."""
+
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+
+    def pin(self, trace_id: str) -> bool:
+        return self.verdict.pin(trace_id)
+
+    def unpin(self) -> Optional[str]:
+        return self.verdict.unpin()
+
+    def describe(self) -> dict:
+        return self.verdict.describe()
+
+    def _result(self):
+        p = self.verdict.pinned
+        if p is None:
+            return None, None
+        r = self.verdict.results.get((p[0], "pinned"))
+        return p, r if r is not None and r.reference_id == p[1] else None
+
+    def status(self, window_id: Optional[str] = None) -> dict:
+        """The ``boundaries`` part of /status (``window_id`` is not needed: the rank's newest pooled
+        window is the one compared). Never blocks: the verdict's thread computes."""
+        p, r = self._result()
+        if p is None:
+            return {"state": "no baseline"}
+        doc: dict = {"baseline": p[1], "rank": p[0]}
+        if r is None:
+            return {"state": "computing", **doc}
+        if r.state == "pooling":
+            return {"state": "pooling" if r.current_windows else "no window", **doc, "window": r.current_window,
+                    "replays_baseline": dict(r.reference_replays), "replays_current": dict(r.current_replays)}
+        doc.update(state="ready", window=r.current_window, windows_baseline=r.reference_windows,
+                   windows_current=r.current_windows,
+                   computed_age_s=None if r.computed_s is None else max(0.0, time.time() - r.computed_s),
+                   compute_seconds=r.compute_seconds, graphs=list(r.boundaries))
+        if r.error:
+            doc["error"] = r.error
+        return doc
+
+    def for_window(self, window_id: str) -> Optional[tuple[str, list]]:
+        p, r = self._result()
+        if r is None or r.state != "ready" or r.error or r.current_window != window_id:
+            return None
+        return p[1], list(r.boundaries)
+
+    def trace_extra(self, window_id: str) -> Optional[tuple[str, dict]]:
+        """``/trace/<window_id>``'s otherData: ``boundaries`` (the pinned baseline's attribution) and
+        ``deploy`` (the verdict against the rank's previous process) when one was computed for this
+        window; (a version of the pair for the body cache, the entries) or None."""
+        out: dict = {}
+        version = []
+        got = self.for_window(window_id)
+        if got is not None:
+            out["boundaries"] = {"baseline": got[0], "window": window_id, "graphs": got[1]}
+            version.append(f"pinned={got[0]}")
+        for (rank, ref), r in sorted(self.verdict.results.items()):
+            if ref == "previous" and r.state == "ready" and r.verdict is not None and r.current_window == window_id:
+                out["deploy"] = {"rank": rank, "reference": ref, "reference_id": r.reference_id,
+                                 "reference_pid": r.reference_pid, "window": window_id,
+                                 "regression": bool(r.verdict.regressions()),
+                                 "graphs": json_safe(r.verdict.graphs)}
+                version.append(f"previous={r.reference_id}@{r.computed_s}")
+        return (";".join(version), out) if out else None

@@ -167,9 +167,10 @@ class SnapshotCollector:
                                  "Unix time of the last window that sampled this graph (series not sampled for "
                                  "--stale-after-s are dropped).", labels=GRAPH_LABELS)
         gi = GaugeMetricFamily(
-            "graphmon_graph_info", "One series per monitored graph: its key, label, upload mode and batch size.",
+            "graphmon_graph_info", "One series per monitored graph: its key, label, upload mode, batch size and "
+            "structural signature (kernels, streams, other nodes, kernel-name hash: a changed graph under the same name).",
             labels=["rank", "device", "graph", "graph_key", "label", "upload_mode", "upload_stream_is_launch_stream",
-                    "batch_size"])
+                    "batch_size", "signature"])
         for s in snaps:
             rank = s.rank
             for key in sorted(s.gap_hist):
@@ -199,7 +200,7 @@ class SnapshotCollector:
                         _add_summary(rq, {**dict(zip(GRAPH_LABELS, lv)), "kind": kind}, zip(REPLAY_QUANTILES, qs), h)
             for (d, graph), g in sorted(s.graphs.items()):
                 gi.add_metric([rank, d, graph, g.graph_key, g.label, g.upload_mode, g.upload_stream_is_launch_stream,
-                               g.batch_size], 1)
+                               g.batch_size, g.signature], 1)
         if full:
             yield gh
         yield neg

@@ -93,12 +93,13 @@ class CaptureAnswer(BaseModel):
 def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable[[CaptureRequest], None],
                trace_lookup: Callable[[str], Any], settings, extra_status: Optional[Callable[[], Mapping]] = None,
                health_only: bool = False, extra_collectors: Sequence = (),
-               last_window: Optional[Callable[[], Optional[str]]] = None) -> FastAPI:
+               last_window: Optional[Callable[[], Optional[str]]] = None, baseline: Any = None) -> FastAPI:
     """``snapshots()``: the current snapshots (one per process); ``capture(request)`` raises
     NotImplementedError (409) or RuntimeError (429) to refuse; ``trace_lookup(id)``: a Trace or
     None. ``last_window()``: the newest window's id as ``trace_lookup`` knows it (default: the last
-    of the first snapshot's ``windows``). ``app.state.renderer.prerender()`` renders /metrics ahead
-    (call it on publish)."""
+    of the first snapshot's ``windows``). ``baseline``: what /baseline pins (default: one window,
+    graphmon.export.baseline.Baseline; the agent pools). ``app.state.renderer.prerender()`` renders
+    /metrics ahead (call it on publish)."""
     app = FastAPI(title="graphmon", version=__version__, docs_url=None, redoc_url=None,
                   description="Live CUDA-graph kernel-gap metrics. Prometheus scrapes /metrics.")
     errors = ErrorCounts()
@@ -109,12 +110,14 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     fallback = make_registry(snapshots, **{**kw, "health_only": True})
     renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
     scrape = ScrapeBodies(errors.count)
-    baseline = Baseline(trace_lookup)
+    baseline = baseline if baseline is not None else Baseline(trace_lookup)
     if last_window is None:
         def last_window() -> Optional[str]:
             return next((s.windows[-1] for s in snapshots() if s.windows), None)
 
     def boundaries_extra(trace_id: str):  # computed attribution only: the download path never computes
+        if hasattr(baseline, "trace_extra"):  # the agent's: the pinned and the deploy verdict's boundaries
+            return baseline.trace_extra(trace_id)
         got = baseline.for_window(trace_id)
         return None if got is None else (got[0], {"boundaries": {"baseline": got[0], "window": trace_id, "graphs": got[1]}})
 

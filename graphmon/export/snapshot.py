@@ -33,6 +33,7 @@ class GraphSeries:
     upload_mode: str
     upload_stream_is_launch_stream: str  # "true" | "false" | "unknown"
     batch_size: str = ""  # label_graph(batch_size=...); "" when unknown
+    signature: str = ""  # structural signature (graphmon.analysis.signature); "" when folded
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class DecodeModel:
     """
 
     def __init__(self, *, hidden: int = H, layers: int = 48, side_streams: int = 3, seed: int = 0,
-                 side: str = "mixed"):
+                 side: str = "mixed", memcpy: bool = False):
         if side not in ("mixed", "matmul"):
             raise ValueError(f"side must be 'mixed' or 'matmul', not {side!r}")
         dev = torch.device("cuda")
@@ -49,6 +49,12 @@ class DecodeModel:
         n_mat = side_streams if side == "matmul" else min(side_streams, 2)
         self.E = [[self._randn(hidden, q) for _ in range(n_mat)] for _ in range(layers)]
         self.side = [torch.cuda.Stream(device=dev) for _ in range(side_streams)]
+        # memcpy: a tiny device-to-device copy (a memcpy node in the captured graph, no kernel) after
+        # every kernel, on the kernel's stream (one scratch buffer per stream): bench/deploy_restart.py's
+        # "new build" whose gaps widen on every stream while every kernel stays the same.
+        self.memcpy = memcpy
+        self._copy_src = torch.zeros(16, device=dev, dtype=torch.bfloat16)
+        self._copy_dst = [torch.zeros(16, device=dev, dtype=torch.bfloat16) for _ in range(side_streams + 1)]
 
     def _randn(self, *shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=self.gen) / 32
@@ -56,20 +62,32 @@ class DecodeModel:
     def input(self, batch: int):
         return torch.randn(batch, self.hidden, device="cuda", dtype=torch.bfloat16, generator=self.gen)
 
+    def _k(self, t, stream: int = 0):
+        """``t``, a kernel's output; with ``memcpy``, a copy node after that kernel on its stream."""
+        if self.memcpy:
+            self._copy_dst[stream].copy_(self._copy_src)
+        return t
+
     def _side_op(self, i: int, j: int, h):
+        def k(t):
+            return self._k(t, j + 1)
+
+        # the same kernels with memcpy off as relu(h @ E) * c and friends, one copy node after each
         if self.side_kind == "matmul":
-            return torch.relu(h @ self.E[i][j]) * (0.5 / (j + 1))
+            return k(k(torch.relu(k(h @ self.E[i][j]))) * (0.5 / (j + 1)))
         if j == 0:
-            return torch.relu(h @ self.E[i][0]) * 0.5 + 0.1
+            return k(k(k(torch.relu(k(h @ self.E[i][0]))) * 0.5) + 0.1)
         if j == 1:
-            return torch.sigmoid(h @ self.E[i][1]) * 0.25
-        return (h[:, : self.hidden // 4] * 2).tanh()
+            return k(k(torch.sigmoid(k(h @ self.E[i][1]))) * 0.25)
+        return k(k(h[:, : self.hidden // 4] * 2).tanh())
 
     def step(self, x):
         main = torch.cuda.current_stream()
         q = self.hidden // 4
+        k = self._k
         for i in range(self.layers):
-            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+            # x * rsqrt(mean(x^2) + eps): pow, mean, add, rsqrt, mul
+            h = k(x * k(torch.rsqrt(k(k(k(x.pow(2)).mean(-1, keepdim=True)) + 1e-6))))
             outs = []
             for j, s in enumerate(self.side[:3] if self.side_kind == "mixed" else self.side):
                 s.wait_stream(main)
@@ -77,10 +95,11 @@ class DecodeModel:
                     outs.append(self._side_op(i, j, h))
             for s in self.side:
                 main.wait_stream(s)
-            y = h @ self.W[i]
+            y = k(h @ self.W[i])
             for o in outs:
                 y[:, :q] += o
-            x = x + y * 0.1
+                k(y)
+            x = k(x + k(y * 0.1))
         return x
 
 

@@ -225,7 +225,8 @@ def record_command(argv: Sequence[str], output: str, windows: int = 0, settings:
     def factory(ident: dict) -> Recorder:
         # one process without a launcher-given rank: the file named; else one file per rank.
         # The agent tells a process to stop sampling once its recorder has N windows.
-        ranked = ident.get("rank_source", "pid") != "pid" or recorders
+        # (the device ordinal or the default rank is no launcher-given rank)
+        ranked = ident.get("rank_source", "default") not in ("pid", "default", "cuda_device") or recorders
         rec = Recorder(rank_path(output, ident.get("rank", "")) if ranked else output, windows)
         rec.who = _who(ident)
         recorders.append(rec)

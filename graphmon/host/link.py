@@ -52,9 +52,26 @@ def _rank_from_title_or_argv() -> str:
     return ""
 
 
+DEFAULT_RANK = "0"  # nothing names a rank and CUDA is not initialised: one GPU process is rank 0
+
+
+def _cuda_device_ordinal() -> str:
+    """torch's current CUDA device in this process, only when torch is imported and CUDA is
+    initialised (never initialises CUDA itself); "" otherwise."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return str(int(torch.cuda.current_device()))
+    except Exception:
+        pass
+    return ""
+
+
 def process_rank() -> tuple[str, str]:
     """(rank, where it came from): torch.distributed once initialised, then RANK-like
-    variables, then LOCAL_RANK-like ones, then the process title/arguments, else the pid."""
+    variables, then LOCAL_RANK-like ones, then the process title/arguments, then the CUDA device
+    ordinal, else DEFAULT_RANK. Never the pid: the rank names a series that a restarted process
+    must continue (the pid stays on graphmon_process_info)."""
     torch = sys.modules.get("torch")
     try:
         dist = getattr(torch, "distributed", None)
@@ -69,7 +86,10 @@ def process_rank() -> tuple[str, str]:
     r = _rank_from_title_or_argv()
     if r:
         return r, "title"
-    return f"pid{os.getpid()}", "pid"
+    d = _cuda_device_ordinal()
+    if d:
+        return d, "cuda_device"
+    return DEFAULT_RANK, "default"
 
 
 def _fmt_bus_id(props: Any) -> str:

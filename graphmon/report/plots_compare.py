@@ -315,10 +315,14 @@ def html_figure(rows: list[list[Panel]], title: str):
 
 
 def plot_compare(attr: Attribution, path: str, title: str = "graphmon compare: kernel gaps before / after",
-                 regressions=()) -> None:
-    """``regressions``: ``Comparison.regressions`` of the same comparison (titles follow its verdict)."""
+                 regressions=(), boundary_regressions=()) -> None:
+    """``regressions``: ``Comparison.regressions`` of the same comparison (titles follow its verdict);
+    ``boundary_regressions``: (graph, kind) of graphs that regressed by their boundaries alone
+    (graphmon.analysis.deploy, no stream flagged): the title names them, as compare's verdict does."""
     n = len(regressions)
-    verdict = f"REGRESSION on {n} stream{'s' if n != 1 else ''}" if n else "no regression"
+    parts = [f"REGRESSION on {n} stream{'s' if n != 1 else ''}"] if n else []
+    parts += [f"REGRESSION ({kind} boundaries) in {graph}" for graph, kind in boundary_regressions]
+    verdict = "; ".join(parts) or "no regression"
     write_figure(compare_panels(attr, regressions), path, f"{title}: {verdict}")
 
 

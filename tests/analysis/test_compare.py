@@ -15,7 +15,7 @@ from graphmon.analysis.significance import Thresholds
 from graphmon.formats.native import write_trace
 from graphmon.formats.read import read_trace
 from graphmon.model.trace import Trace, TraceError
-from helpers import KINETO, NATIVE, WIDEN_NS, half, only, synthetic_trace, widen
+from helpers import HELD_OUT_GRAPH, KINETO, NATIVE, WIDEN_NS, half, held_out_concentrated, only, synthetic_trace, widen
 
 
 
@@ -166,6 +166,34 @@ def test_cli_exit_codes_and_json(native, tmp_path, capsys):
     assert main(["compare", str(NATIVE), str(NATIVE), "--pair", "nonsense"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "graphmon: error:" in err
+
+
+def test_cli_fails_a_concentrated_regression(native, tmp_path, capsys):
+    """The held-out case: +5 us on three boundaries (+15 us per replay). compare's stream test flags
+    no stream; the old exit code was 0 ("no regression"), which let it through a CI gate."""
+    _, cur = held_out_concentrated(native)
+    path = tmp_path / "held-out.graphmon.npz"
+    write_trace(cur, path)
+    assert main(["compare", str(NATIVE), str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "no regression" in out  # the stream table's own line: no stream moved
+    assert f"graph {HELD_OUT_GRAPH} (device 0): REGRESSION (concentrated, boundaries)" in out
+    assert "FAIL: 1 graph(s) regressed (concentrated)" in out
+    assert main(["compare", str(NATIVE), str(path), "--fail-on", "concentrated"]) == 1
+    assert main(["compare", str(NATIVE), str(path), "--fail-on", "uniform"]) == 0
+    assert main(["compare", str(NATIVE), str(path), "--min-added-ns", "20000"]) == 0  # above the 15 us it added
+    assert main(["compare", str(NATIVE), str(path), "--min-added-rel", "0.1"]) == 0  # 6 % of the idle per replay
+    capsys.readouterr()
+    assert main(["compare", str(NATIVE), str(path), "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["regression"] is False  # compare's stream verdict, as before
+    v = {g["graph"]: g for g in doc["verdict"]["graphs"]}[HELD_OUT_GRAPH]
+    assert v["regression"] and v["kind"] == "concentrated" and v["gap_added_ns"] == 15_000
+    assert main(["compare", str(NATIVE), str(NATIVE)]) == 0
+    assert "PASS: no regression" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # argparse: usage error
+        main(["compare", str(NATIVE), str(path), "--fail-on", "never"])
+    assert e.value.code == 2
 
 
 def test_cli_pair_within_one_trace(capsys):

@@ -104,6 +104,12 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
         ("GraphmonNoData", "unless on (job, instance, rank)", "or on (job, instance, rank)",
          "an empty window now and then while records flow pages"),
         ("GraphmonProcessLost", "[15m]", "[1h]", "a loss long ago keeps the alert firing"),
+        # The deploy verdict: a restart without change, a stream it does not point at, a short verdict.
+        ("GraphmonDeployRegression", "(graphmon_deploy_regression == 1)", "(graphmon_deploy_regression >= 0)",
+         "a restart without change pages"),
+        ("GraphmonDeployRegression", "(graphmon_deploy_stream_regression == 1)",
+         "(graphmon_deploy_stream_regression >= 0)", "a stream the regression does not point at pages"),
+        ("GraphmonDeployRegression", "5m", "1m", "a verdict that held 3 minutes pages"),
         ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
         ("GraphmonNoProcessAttached", 'state!~"stopped|lost"', 'state="running"',
          "a process blocked by a profiler pages as no process"),

@@ -413,3 +413,23 @@ def test_the_agent_limits_malloc_arenas_unless_told(monkeypatch):
         assert limit_malloc_arenas() is True
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False  # the operator's setting wins
+
+
+def test_record_of_one_process_without_a_launcher_rank_writes_the_file_named(tmp_path):
+    """Its rank comes from the CUDA device (not from a launcher): one process, one file, as named."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS), str(TESTS / "fake_site")]),
+               GRAPHMON_CUPTI_API="cupti:cupti", TMPDIR=str(tmp_path), FAKE_STOP=str(tmp_path / "stop"))
+    for v in ("GRAPHMON_AGENT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(v, None)
+    out = tmp_path / "rec.graphmon.npz"
+    p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "record", "-o", str(out), "--windows", "2",
+                          "--interval-s", "0.1", "--max-traced-share", "1", "--window-launches", "4", "--",
+                          sys.executable, "-m", "fake_engine", "plain", "1"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(out.exists, timeout=60), os.listdir(tmp_path)
+        (tmp_path / "stop").touch()
+        assert p.wait(30) == 0
+        assert not list(tmp_path.glob("rec.rank*"))
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -271,6 +271,22 @@ def test_negative_launch_latencies_are_counted_apart():
     assert s.values_out_of_range_total.get("launch_latency", 0) == 0
 
 
+def test_graph_info_signature_follows_a_changed_graph():
+    """The signature is a label beside the name: a successor's changed graph keeps its name."""
+    from dataclasses import replace
+
+    t = read_trace(NATIVE, progress=False)
+    agg = Aggregator(rank="0")
+    agg.ingest(window(t))
+    before = {g: s.signature for (_, g), s in agg.snapshot().graphs.items()}
+    assert before["decode_bs1/upload"].startswith("k960-s4-o0-")
+    node = t.graph_node_id
+    agg.ingest(window(replace(t, graph_node_id=(node >> 32 << 32) | ((node & 0xFFFFFFFF) * 2)), ended_s=1_800_000_010.0))
+    after = {g: s.signature for (_, g), s in agg.snapshot().graphs.items()}
+    assert set(after) == set(before)
+    assert after["decode_bs1/upload"].startswith("k960-s4-o959-")
+
+
 def _mixed_gaps_trace(base_ns=10**9):
     """One replay on one stream whose gaps are -300, -300, 100, 200, 400 ns (two overlaps)."""
     from graphmon.model.trace import Trace

@@ -5,6 +5,8 @@
     python -m fake_engine sglang N     main -> one scheduler per rank (spawn) + a detokenizer (no graphs)
     python -m fake_engine torchrun N   launcher -> N workers with LOCAL_RANK/RANK in the environment
     python -m fake_engine plain N M    parent starts N graph workers with start method M, no LOCAL_RANK
+    python -m fake_engine sequence     rank 0 restarted: worker v1 until the file FAKE_V1_STOP exists,
+                                       then v2 (FAKE_V2_EXTRA_GAP_NS wider gaps) in its place
 
 Workers replay their graph every 2 ms until the file named by FAKE_STOP exists (or 60 s).
 """
@@ -91,6 +93,13 @@ def main(argv):
 
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         _replay_loop()
+    elif shape == "sequence":
+        for version in ("1", "2"):
+            env = dict(os.environ, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1",
+                       FAKE_EXTRA_GAP_NS=os.environ.get("FAKE_V2_EXTRA_GAP_NS", "0") if version == "2" else "0")
+            if version == "1":
+                env["FAKE_STOP"] = os.environ["FAKE_V1_STOP"]
+            subprocess.Popen([sys.executable, "-m", "fake_engine", "env_worker"], env=env).wait()
     elif shape == "plain":
         ctx = mp.get_context(argv[2] if len(argv) > 2 else "spawn")
         _run_children([ctx.Process(target=worker, args=(r, False)) for r in range(n)])

@@ -154,11 +154,38 @@ def test_identity_rank_order(monkeypatch):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setattr(sys, "argv", ["worker.py", "--foo"])
     r = identity()
-    assert r["rank_source"] in ("pid", "title")
+    assert r["rank_source"] in ("default", "title", "cuda_device") and not r["rank"].startswith("pid")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert identity()["rank"] == "1"
     monkeypatch.setenv("RANK", "5")
     assert identity()["rank"] == "5" and identity()["rank_source"] == "RANK"
+
+
+def test_rank_never_comes_from_the_pid(monkeypatch):
+    """A restarted process must continue its rank's series: the CUDA device ordinal, else a
+    constant, never the pid (the old fallback made every restart a new series)."""
+    from types import SimpleNamespace
+
+    import graphmon.host.link as link
+
+    for v in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(link, "_rank_from_title_or_argv", lambda: "")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert link.process_rank() == (link.DEFAULT_RANK, "default") == ("0", "default")
+    initialised = {"cuda": False, "dist": False}
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(is_initialized=lambda: initialised["cuda"], current_device=lambda: 3),
+        distributed=SimpleNamespace(is_available=lambda: True, is_initialized=lambda: initialised["dist"],
+                                    get_rank=lambda: 6))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert link.process_rank() == ("0", "default")  # CUDA not initialised: graphmon never initialises it
+    initialised["cuda"] = True
+    assert link.process_rank() == ("3", "cuda_device")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert link.process_rank() == ("1", "LOCAL_RANK")
+    initialised["dist"] = True
+    assert link.process_rank() == ("6", "torch.distributed")
 
 
 class _RefusingAgent:

@@ -90,9 +90,10 @@ def test_compare_plot_png(native, tmp_path, capsys):
     path = tmp_path / "c.graphmon.npz"
     write_trace(cur, path)
     out = tmp_path / "cmp.png"
-    assert main(["compare", str(NATIVE), str(path), "--plot", str(out)]) == 0  # no stream-level regression...
+    # no stream-level regression, but the boundaries name it (and fail the default --fail-on any)
+    assert main(["compare", str(NATIVE), str(path), "--plot", str(out), "--fail-on", "uniform"]) == 0
     text = capsys.readouterr().out
-    assert "CONCENTRATED; 3/956 boundaries widened" in text  # ...but the boundaries name it
+    assert "no regression" in text and "CONCENTRATED; 3/956 boundaries widened" in text
     data = out.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 30_000
 
@@ -138,15 +139,17 @@ def _titles(html: str) -> tuple[str, list[str]]:
 
 def test_compare_plot_titles_follow_the_text_verdict(native, uniform_file, tmp_path, capsys):
     """Three boundaries +5 us: the boundaries say CONCENTRATED, the stream verdict says no
-    regression, and no panel may say otherwise (it said WIDENED before)."""
+    regression, compare's verdict fails the graph by its boundaries (+15 us per replay): the title
+    says so, and no stream panel may say REGRESSION or WIDENED (it said WIDENED before)."""
     g = native.graph_names().index("decode_bs2/no_upload")
     path = tmp_path / "c.graphmon.npz"
     write_trace(widen_at(native, g, 154, [10, 40, 100]), path)
     out = tmp_path / "conc.html"
-    assert main(["compare", str(NATIVE), str(path), "--plot", str(out)]) == 0
-    assert "no regression" in capsys.readouterr().out
+    assert main(["compare", str(NATIVE), str(path), "--plot", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "no regression" in text and "FAIL: 1 graph(s) regressed (concentrated)" in text
     title, panels = _titles(out.read_text())
-    assert title.replace("<br>", " ").endswith(": no regression")
+    assert title.replace("<br>", " ").endswith(": REGRESSION (concentrated boundaries) in decode_bs2/no_upload")
     assert not any("REGRESSION" in t or "WIDENED" in t for t in panels), panels
     # the uniform +320 ns: every stream of the graph is a regression in the text and in the panels
     out = tmp_path / "uni.html"

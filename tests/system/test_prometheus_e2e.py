@@ -51,6 +51,9 @@ ABSENT_IN_E2E = {"graphmon_observer_slowdown_ratio"}
 AGENT_ONLY_METRICS = {
     "graphmon_device_info", "graphmon_process_info", "graphmon_process_last_window_timestamp_seconds",
     "graphmon_empty_windows_total", "graphmon_processes_lost_total", "graphmon_processes",
+    # the deploy verdict compares processes of a rank: tests/system/test_deploy_e2e.py checks them
+    "graphmon_deploy_regression", "graphmon_deploy_stream_regression", "graphmon_deploy_gap_shift_seconds",
+    "graphmon_deploy_gap_added_seconds", "graphmon_deploy_reference_age_seconds",
     "graphmon_agent_up", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
     "graphmon_agent_windows_dropped_total", "graphmon_link_windows_dropped_total", "graphmon_link_reconnects_total",
 }
@@ -283,7 +286,7 @@ def test_alert_rules_load_and_evaluate_on_live_data(stack):
 
 def test_selecting_one_graph_filters_every_decode_panel(stack):
     """Variables at concrete values (as Grafana sends a single selection) narrow the panels."""
-    prom, _ = stack
+    prom, metrics_text = stack
     model = MODELS["graphmon-decode.json"]
     names = variable_names(model)
     chosen = "decode_bs1/upload"
@@ -291,6 +294,8 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
     for title, ref, expr in panel_targets(model):
         if "label_replace" in expr or "upload_mode=\"lazy\"" in expr:
             continue  # the uploaded/lazy ratio needs both twins selected
+        if {m for m in referenced_metrics(expr) if m in AGENT_ONLY_METRICS} - _exported(metrics_text):
+            continue  # the deploy verdict's panels: tests/system/test_deploy_e2e.py
         narrowed = expand(expr.replace("$graph", chosen), names, RATE_WINDOW)
         if "graphmon_launch_latency" in expr:
             assert prom.query(narrowed) == [], "the bundled trace (where this graph is) has no launch times"

@@ -10,6 +10,12 @@ names graphs through :func:`label_graph`. Upload modes (see graphmon.model.trace
 
 Callbacks call into this from the host's threads, so every method is short and holds one lock
 for a dict update only.
+
+Graph keys survive a restart: an exec instantiated after attach is ``cap<n>``, the n-th exec this
+process instantiated (1-based), which is the same graph in the next process of the same build as
+long as it captures in the same order (docs/analysis.md, "Graph identity"). CUPTI's graph ids are
+process-local counters; an exec that existed before attach (its instantiation not seen) keeps
+``g<graph id>``. The batch size or label the application or engine plugin gives goes beside it.
 """
 
 from __future__ import annotations
@@ -41,13 +47,15 @@ class _Exec:
     first_launch_missed: bool = False  # waited too long: a later first launch is not called lazy
     label: str = ""
     batch_size: int = -1
+    order: int = 0  # 1-based instantiation order in this process; 0 = instantiated before attach
 
     def info(self) -> GraphInfo:
         same = None
         if self.upload_stream != -1 and self.first_launch_stream != -1:
             same = self.upload_stream == self.first_launch_stream
         return GraphInfo(
-            key=f"g{self.graph_id}" if self.graph_id > 0 else f"exec:{self.handle:#x}",
+            key=(f"cap{self.order}" if self.order > 0 else f"g{self.graph_id}" if self.graph_id > 0
+                 else f"exec:{self.handle:#x}"),
             graph_id=self.graph_id,
             exec_handle=self.handle,
             upload_mode=self.mode,
@@ -67,6 +75,7 @@ class GraphRegistry:
         self._retired: list[_Exec] = []
         self._pending_first_launch = 0  # execs created after attach and not launched yet
         self._labels: dict[int, tuple[str, int]] = {}  # labels given before the exec was seen
+        self._instantiated = 0  # execs instantiated since attach: the next one's order - 1
         self.graph_exec_id = graph_exec_id  # resolves exec handle -> CUPTI graph id (source sets it)
 
     # ------------------------------------------------------------------ callback side
@@ -89,6 +98,8 @@ class GraphRegistry:
                 self._retire(old)
             e = self._get(handle)
             e.known_since_created = True
+            self._instantiated += 1
+            e.order = self._instantiated
             e.created_s = time.monotonic()
             e.graph_id = graph_id
             if flags & INSTANTIATE_FLAG_UPLOAD:

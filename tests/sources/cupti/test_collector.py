@@ -99,7 +99,7 @@ def test_window_records_are_exact_and_linked_to_graphs():
     assert t.n_launches == n_launch
     assert set(t.launches["stream"].tolist()) == {MAIN}
     assert np.all(t.launches["launch_ns"] > 0)
-    assert len(t.graphs) == 1 and t.graphs[0].upload_mode == "uploaded" and t.graphs[0].key == f"g{fake.exec_ids[h]}"
+    assert len(t.graphs) == 1 and t.graphs[0].upload_mode == "uploaded" and t.graphs[0].key == "cap1"
     assert np.all(t.graph == 0)
     # launches after the 6th, traced until the collector closed the window, are excluded as such
     assert set(t.invalid) <= {"launched_outside_window"} and windows[1].dropped == 0

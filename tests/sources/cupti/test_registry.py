@@ -17,7 +17,7 @@ def test_upload_before_first_launch_is_uploaded():
     assert r.on_launch(0x10, stream=7) is False
     g = r.get(0x10)
     assert (g.upload_mode, g.upload_stream, g.upload_stream_is_launch_stream) == ("uploaded", 7, True)
-    assert g.key == "g5"
+    assert g.key == "cap1"  # the first exec this process instantiated, whatever CUPTI's graph id
 
 
 def test_launch_without_upload_is_lazy_and_upload_afterwards_changes_nothing():
@@ -146,3 +146,35 @@ def test_a_first_launch_waited_for_only_so_long():
     assert r.expire_first_launches(0.0) == 2
     r.on_upload(0x30, 8)  # an upload after the wait still decides "uploaded", counted once
     assert r.get(0x30).upload_mode == "uploaded" and r.pending_first_launch == 0
+
+
+def test_keys_are_the_instantiation_order_and_survive_a_restart():
+    """Two processes of one build capture the same graphs in the same order; CUPTI's graph ids
+    and the exec handles differ (other graphs, other allocations), the keys do not."""
+    def process(handles, graph_ids, before_attach=()):
+        r = GraphRegistry()
+        for h in before_attach:  # execs made before attach: first seen at a launch
+            r.on_launch(h, stream=1)
+        for h, gid in zip(handles, graph_ids):
+            r.on_instantiate(h, graph_id=gid)
+            r.on_launch(h, stream=1)
+        return r
+
+    first = process([0x100, 0x200, 0x300], [2, 5, 8])
+    second = process([0x900, 0xA00, 0xB00], [11, 3, 40])
+    assert [first.get(h).key for h in (0x100, 0x200, 0x300)] == ["cap1", "cap2", "cap3"]
+    assert [second.get(h).key for h in (0x900, 0xA00, 0xB00)] == ["cap1", "cap2", "cap3"]
+    # a reused handle is a new exec: the next number
+    first.on_destroy(0x100)
+    first.on_instantiate(0x100, graph_id=9)
+    assert first.get(0x100).key == "cap4"
+    assert {g.key for g in first.infos()} == {"cap1", "cap2", "cap3", "cap4"}
+    # an exec whose instantiation was not seen keeps CUPTI's (process-local) id, or its handle
+    late = process([0x400], [6], before_attach=[0x50])
+    late.graph_exec_id = lambda h: 77
+    late.resolve_ids()
+    assert late.get(0x50).key == "g77" and late.get(0x400).key == "cap1"
+    assert GraphRegistry().get(0x1) is None
+    r = GraphRegistry()
+    r.on_launch(0x60, stream=1)
+    assert r.get(0x60).key == "exec:0x60"

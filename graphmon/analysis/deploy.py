@@ -1,0 +1,194 @@
+"""The deploy verdict: did a process's graphs regress against a reference?
+
+One rule for three uses: ``graphmon compare`` (a CI gate on two trace files), the agent's verdict
+after a restart (the previous process of the same rank is the reference) and a pinned baseline.
+It adds no statistics of its own: it reads :func:`graphmon.analysis.compare.compare` (per-stream
+shift of the per-replay median gap, its bootstrap interval, Mann-Whitney with Bonferroni) and
+:func:`graphmon.analysis.boundaries.attribute` (which boundaries moved; uniform / concentrated /
+mixed) and decides, per matched graph:
+
+- **regression** when compare flags one of its streams, or when the boundary verdict is
+  uniform, concentrated or mixed and the gap the named boundaries added per replay passes the
+  :class:`Gate` (absolute AND relative to the reference's median idle time per replay). The named
+  boundaries are the widened ones (the moved ones for ``uniform``); their summed median shift is
+  ``gap_added_ns``. Why a gate on top of the boundary verdict: a single boundary widened by 300 ns
+  is real (above every capture-to-capture difference) but costs a replay 0.3 us; CI should fail on
+  what costs time, and say how much.
+- **kind**: the boundary verdict (``uniform`` | ``concentrated`` | ``mixed``); ``uniform`` when
+  compare flags a stream but no boundary widened (a spread shift below the widened threshold).
+
+Why compare alone is not enough: a few boundaries widened by microseconds (a new sync, a slow
+memcpy node) move no stream's per-replay median, so compare's stream test stays quiet while every
+replay is slower: +5 us on three boundaries of the H200 decode graph is +15 us per replay (6 % of
+its idle time) and compare flags no stream (tests/test_cli.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+from graphmon.analysis.boundaries import Attribution, attribute, attribution_json
+from graphmon.analysis.compare import Comparison, compare
+from graphmon.analysis.significance import Thresholds
+from graphmon.model.trace import Trace, TraceError
+
+KINDS = ("uniform", "concentrated", "mixed")
+FAIL_ON = ("uniform", "concentrated", "any")  # concentrated covers mixed: both are "not the whole graph"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """How much added gap time per replay a boundary verdict needs to count as a regression."""
+
+    min_added_ns: float = 1000.0  # 1 us per replay: ~4 widened boundaries of the smallest widening (256 ns)
+    min_added_rel: float = 0.02  # of the reference's median idle time per replay (span - busy)
+
+    def __post_init__(self) -> None:
+        if not (self.min_added_ns >= 0 and self.min_added_rel >= 0):
+            raise TraceError("gate thresholds must be >= 0")
+
+    def passes(self, added_ns: float, idle_ns: float) -> bool:
+        if not (added_ns >= self.min_added_ns):
+            return False
+        return not (math.isfinite(idle_ns) and idle_ns > 0) or added_ns >= self.min_added_rel * idle_ns
+
+
+@dataclass(frozen=True)
+class StreamVerdict:
+    stream_baseline: int
+    stream_current: int
+    replays_baseline: int
+    replays_current: int
+    median_baseline_ns: float  # median of the per-replay median gaps
+    median_current_ns: float
+    shift_ns: float
+    ci_low_ns: float  # bootstrap interval of the shift
+    ci_high_ns: float
+    p_adjusted: float
+    verdict: str  # compare's: regression | improvement | unchanged | insufficient
+    flagged: bool  # the regression points at this stream (compare flagged it, or a named boundary lies on it)
+
+
+@dataclass(frozen=True)
+class GraphVerdict:
+    graph: str  # "name" or "base -> cur"
+    device: int
+    kind: str  # none | uniform | concentrated | mixed
+    regression: bool
+    why: str  # "streams" (compare flagged a stream), "boundaries" (the gate passed), "" (no regression)
+    boundary_verdict: str  # attribute's: none | uniform | concentrated | mixed
+    gap_added_ns: float  # summed median shift of the named boundaries, per replay
+    idle_baseline_ns: float  # median idle time per replay
+    idle_current_ns: float
+    replays_baseline: int
+    replays_current: int
+    boundaries: int
+    widened: int
+    moved: int
+    flagged_streams: list[int]  # current stream ids the regression points at
+    streams: list[StreamVerdict] = field(default_factory=list)
+    top: list[dict] = field(default_factory=list)  # attribute's top boundaries, JSON-ready
+
+
+@dataclass(frozen=True)
+class Verdict:
+    graphs: list[GraphVerdict]
+    unmatched_baseline: list[str]
+    unmatched_current: list[str]
+    thresholds: Thresholds
+    gate: Gate
+
+    def regressions(self, fail_on: str = "any") -> list[GraphVerdict]:
+        if fail_on not in FAIL_ON:
+            raise ValueError(f"fail_on must be one of {FAIL_ON}")
+        want = {"uniform": ("uniform",), "concentrated": ("concentrated", "mixed"), "any": KINDS}[fail_on]
+        return [g for g in self.graphs if g.regression and g.kind in want]
+
+    def to_json(self) -> dict:
+        return {"regression": bool(self.regressions()), "gate": asdict(self.gate),
+                "graphs": [_clean(asdict(g)) for g in self.graphs],
+                "unmatched_baseline": list(self.unmatched_baseline), "unmatched_current": list(self.unmatched_current)}
+
+    def format_table(self, fail_on: str = "any") -> str:
+        g0 = self.gate
+        lines = ["", f"verdict (regression: a flagged stream, or boundaries that added >= {g0.min_added_ns / 1e3:g} us "
+                     f"and >= {g0.min_added_rel:.0%} of the idle time per replay; fail on: {fail_on})"]
+        for g in self.graphs:
+            state = f"REGRESSION ({g.kind}, {g.why})" if g.regression else "ok"
+            lines.append(f"graph {g.graph} (device {g.device}): {state}; boundaries {g.boundary_verdict}, "
+                         f"{g.widened} widened; +{g.gap_added_ns / 1e3:.2f} us/replay against an idle median of "
+                         f"{g.idle_baseline_ns / 1e3:.2f} us"
+                         + (f"; streams {', '.join(map(str, g.flagged_streams))}" if g.regression else ""))
+        bad = self.regressions(fail_on)
+        lines.append("")
+        lines.append(f"FAIL: {len(bad)} graph(s) regressed ({', '.join(sorted({g.kind for g in bad}))})" if bad
+                     else "PASS: no regression" + ("" if not self.regressions() else
+                                                   f" of kind {fail_on} (others: see above)"))
+        return "\n".join(lines)
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v
+
+
+def judge(comparison: Comparison, attribution: Attribution, gate: Optional[Gate] = None) -> Verdict:
+    """The verdict per matched graph from compare's and attribute's results on the same two traces."""
+    gate = gate or Gate()
+    by_graph = {(a.graph, a.device): a for a in attribution.graphs}
+    out = []
+    for gp in comparison.graphs:
+        name = gp.baseline if gp.baseline == gp.current else f"{gp.baseline} -> {gp.current}"
+        rows = [s for s in comparison.streams if s.graph == name and s.device == gp.device]
+        a = by_graph.get((name, gp.device))
+        bverdict = a.verdict if a is not None else "none"
+        named = []  # current stream ids of the boundaries the boundary verdict names
+        added, idle_b, idle_c = 0.0, math.nan, math.nan
+        if a is not None:
+            idle_b, idle_c = a.idle_median_baseline_ns, a.idle_median_current_ns
+            sh = a.all_shifts
+            if bverdict != "none" and sh:
+                mask = sh["moved"] if bverdict == "uniform" else sh["flagged"]
+                added = float(sh["shift_ns"][mask].sum())
+                named = sorted({int(s) for s in sh["stream_current"][mask].tolist()})
+        by_streams = any(s.verdict == "regression" for s in rows)
+        by_bounds = bverdict in KINDS and gate.passes(added, idle_b)
+        regression = by_streams or by_bounds
+        kind = bverdict if bverdict in KINDS else ("uniform" if by_streams else "none")
+        flagged = set(named) if by_bounds else set()
+        flagged |= {s.stream_current for s in rows if s.verdict == "regression"}
+        streams = [StreamVerdict(
+            stream_baseline=s.stream_baseline, stream_current=s.stream_current, replays_baseline=s.replays_baseline,
+            replays_current=s.replays_current, median_baseline_ns=s.median_baseline_ns,
+            median_current_ns=s.median_current_ns, shift_ns=s.shift_ns, ci_low_ns=s.ci_low_ns, ci_high_ns=s.ci_high_ns,
+            p_adjusted=s.p_adjusted, verdict=s.verdict, flagged=regression and s.stream_current in flagged,
+        ) for s in rows]
+        out.append(GraphVerdict(
+            graph=name, device=gp.device, kind=kind if regression else "none", regression=regression,
+            why="streams" if by_streams else "boundaries" if by_bounds else "", boundary_verdict=bverdict,
+            gap_added_ns=added, idle_baseline_ns=idle_b, idle_current_ns=idle_c,
+            replays_baseline=gp.replays_baseline, replays_current=gp.replays_current,
+            boundaries=a.boundaries if a is not None else 0, widened=a.flagged if a is not None else 0,
+            moved=a.moved if a is not None else 0,
+            flagged_streams=sorted(flagged) if regression else [], streams=streams,
+            top=attribution_json(a)["top"] if a is not None else [],
+        ))
+    return Verdict(graphs=out, unmatched_baseline=list(comparison.unmatched_baseline),
+                   unmatched_current=list(comparison.unmatched_current), thresholds=comparison.thresholds, gate=gate)
+
+
+def deploy_verdict(baseline: Trace, current: Trace, *, thresholds: Optional[Thresholds] = None,
+                   gate: Optional[Gate] = None, top: int = 5, pairs: Sequence[tuple[str, str]] = ()) -> Verdict:
+    """compare + attribute + :func:`judge` on two traces (the agent's verdict and ``compare``'s exit code)."""
+    th = thresholds or Thresholds()
+    cmp = compare(baseline, current, pairs=pairs, thresholds=th)
+    attr = attribute(baseline, current, pairs=pairs, top=top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
+                     min_replays=th.min_replays)
+    return judge(cmp, attr, gate)

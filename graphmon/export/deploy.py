@@ -1,0 +1,463 @@
+"""The agent's deploy verdict: did the process that took over a rank regress against the one before?
+
+Per rank the agent pools windows (:class:`Pool`). When a new process takes over the rank (the
+agent's RankSeries, graphmon.export.ranks: another ``Attached.incarnation`` with another pid; a
+reconnect of the same pid keeps its pool), the previous process's pool becomes the **reference**
+of the new one; a **pinned** baseline (``POST /baseline``) is a second reference, pooled the same way: the
+pinned window and the windows of its process before it. Each reference is compared with the new
+process's pool by :func:`graphmon.analysis.deploy.judge` (``graphmon compare``'s statistics:
+per-stream shift with its interval, boundaries, uniform / concentrated / mixed) as soon as one
+graph has ``min_replays`` replays on both sides: a default window holds 4 replays, so the verdict
+comes with the new process's second window, and is computed again with every window after it.
+
+Bounds: a pool keeps the newest windows, dropping the oldest once each graph in it has
+``max_replays`` (default 64) replays in the newer ones, and at most ``max_bytes`` (default 32 MiB)
+of kernel columns (the newest window stays whatever its size): at most three pools per rank
+(current, previous, pinned). A process
+whose pool never reached ``min_replays`` for any graph (it crashed at start) does not replace the
+reference: its successor is compared with the last process that did.
+
+Threads: :meth:`DeployVerdict.on_window` runs on the agent's ingest thread and only appends to a
+bounded queue (a full queue drops the oldest window, counted); one daemon thread
+(``graphmon-deploy``) pools and computes; a scrape or ``/status`` reads the last published
+results (one reference swap), never waits for a computation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from graphmon.analysis.boundaries import attribute
+from graphmon.analysis.compare import compare
+from graphmon.analysis.deploy import Gate, Verdict, judge
+from graphmon.analysis.significance import Thresholds
+from graphmon.model.trace import Trace, TraceError, concat
+
+log = logging.getLogger("graphmon.agent")
+REFERENCES = ("previous", "pinned")
+MAX_REPLAYS = 64
+MAX_BYTES = 32 * 2**20
+QUEUE_MAX = 64
+TOP_BOUNDARIES = 5
+
+
+# ---------------------------------------------------------------------- pools
+@dataclass(frozen=True)
+class Pooled:
+    window_id: str
+    trace: Trace
+    replays: Mapping[str, int]  # graph ("<device>/<name>") -> replays in this window
+    nbytes: int
+    ended_s: float
+
+
+def window_replays(trace: Trace) -> dict[str, int]:
+    """Replays per graph of one window, keyed "<device>/<graph name>"."""
+    sel = trace.graph >= 0
+    if not sel.any():
+        return {}
+    rows = np.unique(np.stack([trace.graph[sel].astype(np.int64), trace.device[sel].astype(np.int64),
+                               trace.correlation_id[sel]]), axis=1)
+    pairs, counts = np.unique(rows[:2], axis=1, return_counts=True)
+    names = [g.name for g in trace.graphs]
+    return {f"{d}/{names[g]}": int(c) for (g, d), c in zip(pairs.T.tolist(), counts.tolist())}
+
+
+def pooled(window_id: str, trace: Trace, ended_s: float) -> Pooled:
+    nbytes = sum(getattr(trace, k).nbytes for k in ("start_ns", "end_ns", "device", "stream", "graph_id",
+                                                    "graph_node_id", "correlation_id", "name_id", "graph"))
+    return Pooled(window_id, trace, window_replays(trace), int(nbytes), float(ended_s))
+
+
+class Pool:
+    """The newest windows of one process, bounded in replays per graph and in bytes."""
+
+    def __init__(self, max_replays: int = MAX_REPLAYS, max_bytes: int = MAX_BYTES,
+                 windows: Optional[list] = None) -> None:
+        self.max_replays, self.max_bytes = int(max_replays), int(max_bytes)
+        self.windows: list[Pooled] = list(windows or [])
+        self._trace: Optional[Trace] = None
+
+    def add(self, p: Pooled) -> None:
+        self.windows.append(p)
+        self._trace = None
+        total = self.replays()
+        while len(self.windows) > 1:
+            old = self.windows[0]
+            over_bytes = self.nbytes > self.max_bytes
+            # the oldest window goes when every graph it holds keeps max_replays without it
+            surplus = all(total.get(g, 0) - n >= self.max_replays for g, n in old.replays.items())
+            if not (over_bytes or surplus):
+                break
+            self.windows.pop(0)
+            for g, n in old.replays.items():
+                total[g] -= n
+
+    def replays(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in self.windows:
+            for g, n in w.replays.items():
+                out[g] = out.get(g, 0) + n
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.windows)
+
+    @property
+    def newest_s(self) -> Optional[float]:
+        return self.windows[-1].ended_s if self.windows else None
+
+    @property
+    def newest_id(self) -> Optional[str]:
+        return self.windows[-1].window_id if self.windows else None
+
+    def trace(self) -> Trace:
+        if self._trace is None:
+            self._trace = concat([w.trace for w in self.windows])
+        return self._trace
+
+    def copy(self) -> "Pool":
+        p = Pool(self.max_replays, self.max_bytes, self.windows)
+        p._trace = self._trace
+        return p
+
+    def upto(self, window_id: str) -> Optional["Pool"]:
+        ids = [w.window_id for w in self.windows]
+        if window_id not in ids:
+            return None
+        return Pool(self.max_replays, self.max_bytes, self.windows[: ids.index(window_id) + 1])
+
+    def after(self, window_id: str) -> "Pool":
+        """The windows after ``window_id`` (all of them when it is not in this pool)."""
+        ids = [w.window_id for w in self.windows]
+        start = ids.index(window_id) + 1 if window_id in ids else 0
+        return Pool(self.max_replays, self.max_bytes, self.windows[start:])
+
+    def ready(self, other: "Pool", min_replays: int) -> bool:
+        """One graph with ``min_replays`` replays in both pools."""
+        mine, theirs = self.replays(), other.replays()
+        return any(min(n, theirs.get(g, 0)) >= min_replays for g, n in mine.items())
+
+
+# ---------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Result:
+    """One (rank, reference) comparison as /status and /metrics show it."""
+
+    rank: str
+    reference: str  # previous | pinned
+    reference_id: str  # the previous process (incarnation) or the pinned window
+    reference_pid: str
+    current_incarnation: str
+    current_pid: str
+    state: str  # pooling | ready | error
+    reference_newest_s: Optional[float]
+    reference_windows: int
+    reference_replays: Mapping[str, int]
+    current_window: Optional[str]
+    current_windows: int
+    current_replays: Mapping[str, int]
+    verdict: Optional[Verdict] = None
+    boundaries: list = field(default_factory=list)  # attribute(...).to_json(): the /status "boundaries"
+    computed_s: Optional[float] = None  # wall time it finished
+    compute_seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class _Rank:
+    rank: str
+    tag: str  # the rank's series (RankSeries.tag): window ids are "<tag>-w<k>"
+    incarnation: str
+    pid: str
+    current: Pool
+    previous: Optional[Pool] = None
+    previous_incarnation: str = ""
+    previous_pid: str = ""
+    dirty: set = field(default_factory=set)
+
+
+class DeployVerdict:
+    """Pools per rank, the references, the background computation and its published results."""
+
+    def __init__(self, *, thresholds: Optional[Thresholds] = None, gate: Optional[Gate] = None,
+                 max_replays: int = MAX_REPLAYS, max_bytes: int = MAX_BYTES, queue_max: int = QUEUE_MAX,
+                 top: int = TOP_BOUNDARIES, lookup: Optional[Callable[[str], Any]] = None) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self.gate = gate or Gate()
+        self.max_replays, self.max_bytes, self.queue_max, self.top = max_replays, max_bytes, queue_max, top
+        self._lookup = lookup  # window id -> Trace (the trace store): a pin of a window no pool holds
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._lock = threading.Lock()  # rank state (pools, pin); never held during a computation
+        self._pooling = threading.Lock()  # queue -> pools in order; taken before _cv and _lock, never inside
+        self._ranks: dict[str, _Rank] = {}
+        self._pin: Optional[tuple[str, str, Pool, float]] = None  # (rank, window id, pool, pinned at wall s)
+        self.results: Mapping[tuple[str, str], Result] = {}  # (rank, reference) -> Result; swapped whole
+        self.dropped = 0
+        self.computations = {"ok": 0, "error": 0}
+        # Called (without arguments, on the verdict's or an HTTP thread, no lock held) after the
+        # results changed: the agent re-renders /metrics. Exceptions are logged, never raised.
+        self.on_publish: list[Callable[[], None]] = []
+        self._stop = threading.Event()
+        self._wakeup = False  # a pin asks the worker for a computation
+        self._changed = False  # results published since the last on_publish call
+        self._busy = False
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ ingest side (agent thread)
+    def on_window(self, attached: Any, window: Any) -> None:
+        """Agent.window_hooks: called on the ingest thread after the aggregator took the window."""
+        trace = window.trace
+        if not (trace.graph >= 0).any():
+            return
+        wid = _window_id(attached)
+        if wid is None:
+            return
+        ident = getattr(attached.proc, "identity", {}) or {}
+        item = (str(attached.rank), attached.series.tag, attached.incarnation, str(ident.get("pid", "")),
+                wid, trace, float(window.ended_s))
+        with self._cv:
+            if len(self._queue) >= self.queue_max:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(item)
+            self._cv.notify()
+        if self._thread is None:
+            self.start()
+
+    def start(self) -> "DeployVerdict":
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="graphmon-deploy", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ pin (HTTP threads)
+    def pin(self, window_id: str) -> bool:
+        """Pin a window and its process's pooled windows before it; False when no pool or store has it.
+        Compared with the rank's newest pooled windows after it."""
+        self._pool_pending()  # a window /status already lists may still wait in the queue
+        with self._lock:
+            found = None
+            for st in self._ranks.values():
+                for pool in (st.current, st.previous):
+                    part = pool.upto(window_id) if pool is not None else None
+                    if part is not None:
+                        found = (st, part)
+                        break
+                if found:
+                    break
+            if found is None:
+                found = self._stored(window_id)
+            if found is None:
+                return False
+            st, part = found
+            self._pin = (st.rank, window_id, part, time.time())
+            st.dirty.add("pinned")
+            self._publish({k: v for k, v in self.results.items() if k[1] != "pinned"})
+        self._kick()
+        return True
+
+    def _stored(self, window_id: str) -> Optional[tuple[_Rank, Pool]]:  # lock held
+        """A window no pool holds any more, from the trace store: pinned alone."""
+        t = self._lookup(window_id) if self._lookup is not None else None
+        tag = window_id.partition("-")[0]  # r<n>: the rank's series (graphmon.export.ranks)
+        st = next((s for s in self._ranks.values() if s.tag == tag), None)
+        if t is None or st is None or not (t.graph >= 0).any():
+            return None
+        pool = Pool(self.max_replays, self.max_bytes)
+        pool.add(pooled(window_id, t, time.time()))
+        return st, pool
+
+    def unpin(self) -> Optional[str]:
+        with self._lock:
+            old, self._pin = self._pin, None
+        if old is not None:
+            self._publish({k: v for k, v in self.results.items() if k[1] != "pinned"})
+            self._notify()
+        return old[1] if old else None
+
+    def describe(self) -> dict:
+        p = self._pin
+        if p is None:
+            return {"pinned": False}
+        return {"pinned": True, "trace_id": p[1], "pinned_at_timestamp_s": p[3], "kernels": len(p[2].trace()),
+                "rank": p[0], "windows": len(p[2].windows), "replays": p[2].replays()}
+
+    @property
+    def pinned(self) -> Optional[tuple[str, str]]:
+        """(rank, window id) of the pinned baseline."""
+        p = self._pin
+        return (p[0], p[1]) if p is not None else None
+
+    # ------------------------------------------------------------------ worker
+    def _kick(self) -> None:  # never with self._lock held (lock order: _cv, then _lock)
+        with self._cv:
+            self._wakeup = True
+            self._cv.notify()
+        if self._thread is None:
+            self.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cv:
+                while not self._queue and not self._wakeup and not self._stop.is_set():
+                    self._cv.wait(1.0)
+                self._wakeup = False
+                self._busy = True
+            try:
+                self._pool_pending()
+                self._compute_dirty()
+            except Exception as e:  # contained: counted, logged; the agent goes on
+                self.computations["error"] += 1
+                log.warning("graphmon deploy verdict failed: %r", e)
+            self._notify()
+            with self._cv:
+                self._busy = bool(self._queue) or self._wakeup
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing being pooled or computed (tests, diagnostics)."""
+        with self._cv:
+            return not self._queue and not self._wakeup and not self._busy
+
+    def _notify(self) -> None:
+        if not self._changed:
+            return
+        self._changed = False
+        for fn in list(self.on_publish):
+            try:
+                fn()
+            except Exception as e:
+                log.warning("graphmon deploy verdict publish hook failed: %r", e)
+
+    def _pool_pending(self) -> None:
+        """Pool the queued windows in order (the worker, or pin() before it looks a window up)."""
+        with self._pooling:
+            with self._cv:
+                items = list(self._queue)
+                self._queue.clear()
+            for item in items:
+                self._pool(*item)
+
+    def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float) -> None:
+        p = pooled(wid, trace, ended_s)
+        with self._lock:
+            st = self._ranks.get(rank)
+            if st is not None:
+                st.tag = tag  # the agent may have made the rank's series again (expired): the reference stays
+            if st is None:
+                st = self._ranks[rank] = _Rank(rank, tag, incarnation, pid, Pool(self.max_replays, self.max_bytes))
+            elif st.incarnation != incarnation and not (pid and pid == st.pid):  # a new process took the rank
+                if any(n >= self.thresholds.min_replays for n in st.current.replays().values()):
+                    st.previous, st.previous_incarnation, st.previous_pid = st.current, st.incarnation, st.pid
+                st.current = Pool(self.max_replays, self.max_bytes)
+                st.incarnation, st.pid = incarnation, pid
+                self._publish({k: v for k, v in self.results.items() if k[0] != rank})  # old verdicts end here
+            elif st.incarnation != incarnation:  # the same process reconnected: the same pool
+                st.incarnation = incarnation
+            st.current.add(p)
+            if st.previous is not None:
+                st.dirty.add("previous")
+            if self._pin is not None and self._pin[0] == rank:
+                st.dirty.add("pinned")
+
+    def _compute_dirty(self) -> None:
+        with self._lock:
+            todo = []
+            for st in self._ranks.values():
+                for ref in sorted(st.dirty):
+                    ref_pool, ref_id, ref_pid = self._reference(st, ref)
+                    if ref_pool is not None:
+                        todo.append((st.rank, ref, ref_pool.copy(), ref_id, ref_pid, self._current(st, ref),
+                                     st.incarnation, st.pid))
+                st.dirty.clear()
+        for job in todo:
+            if self._stop.is_set():
+                return
+            self._compute(*job)
+
+    def _reference(self, st: _Rank, ref: str) -> tuple[Optional[Pool], str, str]:  # lock held
+        if ref == "previous":
+            return st.previous, st.previous_incarnation, st.previous_pid
+        p = self._pin
+        if p is not None and p[0] == st.rank:
+            return p[2], p[1], ""
+        return None, "", ""
+
+    def _current(self, st: _Rank, ref: str) -> Pool:  # lock held
+        """What a reference is compared with: the rank's pool, after the pinned window when the
+        pinned process is still the current one."""
+        p = self._pin
+        return st.current.after(p[1]) if ref == "pinned" and p is not None else st.current.copy()
+
+    def _compute(self, rank, ref, ref_pool: Pool, ref_id, ref_pid, cur: Pool, inc, pid) -> None:
+        base = dict(rank=rank, reference=ref, reference_id=ref_id, reference_pid=ref_pid, current_incarnation=inc,
+                    current_pid=pid, reference_newest_s=ref_pool.newest_s, reference_windows=len(ref_pool.windows),
+                    reference_replays=ref_pool.replays(), current_window=cur.newest_id,
+                    current_windows=len(cur.windows), current_replays=cur.replays())
+        if not cur.windows or not cur.ready(ref_pool, self.thresholds.min_replays):
+            self._store(Result(state="pooling", **base))
+            return
+        t0 = time.monotonic()
+        try:
+            b, c = ref_pool.trace(), cur.trace()
+            th = self.thresholds
+            cmp_ = compare(b, c, thresholds=th)
+            attr = attribute(b, c, top=self.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
+                             min_replays=th.min_replays)
+            res = Result(state="ready", verdict=judge(cmp_, attr, self.gate), boundaries=attr.to_json(),
+                         computed_s=time.time(), compute_seconds=time.monotonic() - t0, **base)
+            self.computations["ok"] += 1
+        except TraceError as e:  # e.g. no graph in common: said in /status, not an agent error
+            res = Result(state="error", error=str(e), computed_s=time.time(), compute_seconds=time.monotonic() - t0,
+                         **base)
+        except Exception as e:  # contained
+            self.computations["error"] += 1
+            log.warning("graphmon deploy verdict of rank %s failed: %r", rank, e)
+            res = Result(state="error", error=f"{type(e).__name__}: {e}", computed_s=time.time(),
+                         compute_seconds=time.monotonic() - t0, **base)
+        self._store(res)
+
+    def _store(self, res: Result) -> None:
+        with self._lock:  # a result of a process that has been replaced meanwhile is not published
+            st = self._ranks.get(res.rank)
+            if st is None or st.incarnation != res.current_incarnation:
+                return
+            if res.reference == "pinned" and (self._pin is None or self._pin[0] != res.rank
+                                              or self._pin[1] != res.reference_id):
+                return
+            self._publish({**self.results, (res.rank, res.reference): res})
+
+    def _publish(self, results: Mapping) -> None:
+        self.results = dict(results)  # one reference swap: readers never see a half-built mapping
+        self._changed = True
+
+
+def _window_id(attached: Any) -> Optional[str]:
+    """The window just ingested, as the agent names it in /status and /trace (``r<n>-w<k>``, the
+    rank's series tag; capture ids as they are)."""
+    try:
+        ws = attached.aggregator.snapshot().windows
+    except Exception:
+        return None
+    if not ws:
+        return None
+    w = ws[-1]
+    return w if w.startswith("c") else f"{attached.series.tag}-{w}"

@@ -1,0 +1,143 @@
+"""The deploy verdict's Prometheus families and its /status section (graphmon.export.deploy).
+
+Families (labels bounded: rank, device, graph and stream as the gap series carry them; reference
+previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel name):
+
+- ``graphmon_deploy_regression{rank,device,graph,reference,kind}``: 1 for the kind of a regressed
+  graph, 0 for the other kinds; all three kinds for every graph with a verdict;
+- ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams the
+  regression points at (compare flagged it, or a named boundary lies on it);
+- ``graphmon_deploy_gap_shift_seconds{rank,device,graph,stream,reference}``: the stream's shift of
+  the median per-replay median gap (compare's; its interval is in /status);
+- ``graphmon_deploy_gap_added_seconds{rank,device,graph,reference}``: the summed median shift of
+  the boundaries the verdict names, per replay (0 when none widened);
+- ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
+- ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
+- ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_computations_total{outcome}``.
+
+Series exist while the compared process is attached and the comparison is computed: a restart
+ends the previous verdict (its series go) until the new process has pooled enough replays.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Iterable, Optional
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from graphmon.analysis.deploy import KINDS, GraphVerdict
+from graphmon.export.aggregator import cap_label
+from graphmon.export.deploy import DeployVerdict, Result
+from graphmon.report.jsonsafe import json_safe
+
+GRAPH = ["rank", "device", "graph", "reference"]
+STREAM = ["rank", "device", "graph", "stream", "reference"]
+
+
+def _exported(r: Result, max_graphs: int) -> tuple[list[GraphVerdict], int]:
+    graphs = list(r.verdict.graphs) if r.verdict is not None else []
+    graphs.sort(key=lambda g: (not g.regression, -g.gap_added_ns, g.graph))  # regressions first
+    return graphs[:max_graphs], max(0, len(graphs) - max_graphs)
+
+
+def _current_name(g: GraphVerdict) -> str:
+    return g.graph.split(" -> ", 1)[1] if " -> " in g.graph else g.graph
+
+
+class DeployCollector:
+    """prometheus_client collector of the deploy verdict (one-method protocol)."""
+
+    def __init__(self, verdict: DeployVerdict, live: Optional[Callable[[], Iterable[str]]] = None, *,
+                 max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128) -> None:
+        self.verdict, self.live = verdict, live
+        self.max_graphs, self.max_streams, self.max_label_length = max_graphs, max_streams, max_label_length
+
+    def results(self) -> list[Result]:
+        """Results whose current process is attached (``live()``: the incarnations connected now)."""
+        res = self.verdict.results
+        live = set(self.live()) if self.live is not None else None
+        return [r for k, r in sorted(res.items()) if live is None or r.current_incarnation in live]
+
+    def collect(self) -> Iterable[Metric]:
+        reg = GaugeMetricFamily("graphmon_deploy_regression",
+                                "1 for the kind of regression of a graph against the reference (the previous process "
+                                "of the rank, or the pinned baseline); 0 for the other kinds.", labels=GRAPH + ["kind"])
+        sreg = GaugeMetricFamily("graphmon_deploy_stream_regression",
+                                 "1 on the streams a graph's deploy regression points at.", labels=STREAM)
+        shift = GaugeMetricFamily("graphmon_deploy_gap_shift_seconds",
+                                  "Shift of the median per-replay median gap of a stream against the reference.",
+                                  labels=STREAM)
+        added = GaugeMetricFamily("graphmon_deploy_gap_added_seconds",
+                                  "Gap time per replay the boundaries named by the verdict added (summed median shift).",
+                                  labels=GRAPH)
+        age = GaugeMetricFamily("graphmon_deploy_reference_age_seconds",
+                                "Seconds since the reference's newest window closed.", labels=["rank", "reference"])
+        left = GaugeMetricFamily("graphmon_deploy_graphs_left_out",
+                                 "Graphs with a deploy verdict beyond the series cap (in /status only).",
+                                 labels=["rank", "reference"])
+        now = time.time()
+        cap = self.max_label_length
+        for r in self.results():
+            if r.reference_newest_s is not None:
+                age.add_metric([r.rank, r.reference], max(0.0, now - r.reference_newest_s))
+            if r.state != "ready" or r.verdict is None:
+                continue
+            graphs, n_left = _exported(r, self.max_graphs)
+            left.add_metric([r.rank, r.reference], n_left)
+            for g in graphs:
+                lv = [r.rank, str(g.device), cap_label(_current_name(g), cap), r.reference]
+                for kind in KINDS:
+                    reg.add_metric(lv + [kind], 1 if g.regression and g.kind == kind else 0)
+                added.add_metric(lv, g.gap_added_ns * 1e-9)
+                for s in g.streams[: self.max_streams]:
+                    sl = lv[:3] + [str(s.stream_current), r.reference]
+                    sreg.add_metric(sl, 1 if s.flagged else 0)
+                    if math.isfinite(s.shift_ns):
+                        shift.add_metric(sl, s.shift_ns * 1e-9)
+        yield reg
+        yield sreg
+        yield shift
+        yield added
+        yield age
+        yield left
+        dropped = CounterMetricFamily("graphmon_deploy_windows_dropped",
+                                      "Windows the deploy verdict could not pool (its queue was full).")
+        dropped.add_metric([], self.verdict.dropped)
+        yield dropped
+        comp = CounterMetricFamily("graphmon_deploy_computations", "Deploy verdict computations by outcome.",
+                                   labels=["outcome"])
+        for outcome in ("ok", "error"):
+            comp.add_metric([outcome], self.verdict.computations.get(outcome, 0))
+        yield comp
+
+
+def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:
+    """/status "deploy": one entry per (rank, reference) with the verdict per graph."""
+    now = time.time()
+    live = set(live) if live is not None else None
+    out = []
+    for (_, _), r in sorted(verdict.results.items()):
+        if live is not None and r.current_incarnation not in live:
+            continue
+        graphs, n_left = _exported(r, max_graphs)
+        doc = {
+            "rank": r.rank, "reference": r.reference, "state": r.state, "reference_id": r.reference_id,
+            "reference_pid": r.reference_pid, "current_incarnation": r.current_incarnation, "current_pid": r.current_pid,
+            "reference_age_s": None if r.reference_newest_s is None else max(0.0, now - r.reference_newest_s),
+            "reference_windows": r.reference_windows, "reference_replays": dict(r.reference_replays),
+            "current_window": r.current_window, "current_windows": r.current_windows,
+            "current_replays": dict(r.current_replays),
+            "computed_age_s": None if r.computed_s is None else max(0.0, now - r.computed_s),
+            "compute_seconds": r.compute_seconds,
+            "regression": bool(r.verdict is not None and r.verdict.regressions()),
+            "graphs": json_safe(graphs), "graphs_left_out": n_left,
+        }
+        if r.error:
+            doc["error"] = r.error
+        if r.verdict is not None:
+            doc["unmatched_reference"] = list(r.verdict.unmatched_baseline)
+            doc["unmatched_current"] = list(r.verdict.unmatched_current)
+        out.append(doc)
+    return out

@@ -1,0 +1,315 @@
+"""graphmon.export.deploy and deploy_metrics: the agent's verdict after a restart, on windows cut from
+the real H200 trace (4 replays each, as a default window holds), fed the way the agent feeds it."""
+
+from __future__ import annotations
+
+import re
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from prometheus_client.registry import CollectorRegistry
+
+from graphmon.export.aggregator import Aggregator
+from graphmon.export.baseline import PooledBaseline
+from graphmon.export.deploy import DeployVerdict, Pool, pooled, window_replays
+from graphmon.export.deploy_metrics import DeployCollector, status
+from graphmon.export.exposition import render
+from graphmon.formats.read import read_trace
+from helpers import NATIVE, held_out_concentrated, only, wait_until, widen, window
+
+GRAPH = "decode_bs1/upload"
+
+
+@pytest.fixture(scope="module")
+def native():
+    return read_trace(NATIVE, progress=False)
+
+
+def windows_of(trace, per_window=4):
+    """The trace cut into windows of ``per_window`` consecutive replays (a default window: 4)."""
+    corr = np.unique(trace.correlation_id[trace.graph >= 0])
+    return [trace.select(np.isin(trace.correlation_id, corr[i:i + per_window]))
+            for i in range(0, len(corr) - per_window + 1, per_window)]
+
+
+class Proc:
+    """What the agent hands a window hook: an Attached (graphmon.export.ranks) whose rank's series
+    (one aggregator, window ids ``r1-w<k>``) it shares with the process it took the rank over from
+    (``after``), the window ingested."""
+
+    def __init__(self, rank="0", pid=100, incarnation=None, after=None):
+        self.rank = rank
+        self.incarnation = incarnation or f"i{pid}"
+        self.series = after.series if after is not None else SimpleNamespace(
+            rank=rank, tag="r1", aggregator=Aggregator(rank=rank))
+        self.proc = SimpleNamespace(identity={"pid": str(pid), "rank": rank})
+        self.t = after.t if after is not None else 1_800_000_000.0
+
+    @property
+    def aggregator(self):
+        return self.series.aggregator
+
+    def send(self, verdict, trace):
+        self.t += 10
+        w = window(trace, ended_s=self.t)
+        self.aggregator.ingest(w)
+        verdict.on_window(self, w)
+        return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"
+
+
+def metrics(verdict, live=None):
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DeployCollector(verdict, (lambda: live) if live is not None else None))
+    return render(reg, "text").decode()
+
+
+@pytest.fixture
+def verdict():
+    v = DeployVerdict()
+    yield v
+    v.stop()
+
+
+def _settled(v, n_windows):
+    return wait_until(lambda: v.idle and sum(len(s.current.windows) for s in v._ranks.values()) >= n_windows,
+                      timeout=30)
+
+
+def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdict):
+    t = only(native, GRAPH)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
+    for w in windows_of(t)[:4]:
+        v1.send(verdict, w)
+    assert _settled(verdict, 4)
+    assert not verdict.results  # one process: nothing to compare with yet
+    after = windows_of(widen(t, 0))
+    v2.send(verdict, after[0])
+    assert _settled(verdict, 1)
+    r = verdict.results.get(("0", "previous"))
+    assert r is not None and r.state == "pooling" and r.current_replays == {f"0/{GRAPH}": 4}
+    v2.send(verdict, after[1])  # 8 replays >= min_replays 5: the second window brings the verdict
+    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
+                      and verdict.results[("0", "previous")].state == "ready", timeout=30)
+    r = verdict.results[("0", "previous")]
+    assert (r.reference_id, r.reference_pid, r.current_incarnation, r.current_pid) == ("i100", "100", "i200", "200")
+    assert r.reference_windows == 4 and r.current_windows == 2
+    (g,) = r.verdict.graphs
+    assert g.regression and g.kind == "uniform" and g.flagged_streams == [7, 142, 143, 144]
+    text = metrics(verdict)
+    lv = f'device="0",graph="{GRAPH}",rank="0",reference="previous"'
+    for kind, v in (("uniform", 1), ("concentrated", 0), ("mixed", 0)):  # every kind initialised
+        assert (f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="{kind}",rank="0",'
+                f'reference="previous"}} {v}.0') in text
+    for s in (7, 142, 143, 144):
+        assert (f'graphmon_deploy_stream_regression{{device="0",graph="{GRAPH}",rank="0",reference="previous",'
+                f'stream="{s}"}} 1.0') in text
+        m = re.search(rf'graphmon_deploy_gap_shift_seconds{{device="0",graph="{GRAPH}",rank="0",'
+                      rf'reference="previous",stream="{s}"}} (\S+)', text)
+        assert m and 250e-9 < float(m.group(1)) < 400e-9  # +320 ns, other replays on each side
+    assert f"graphmon_deploy_gap_added_seconds{{{lv}}}" in text
+    assert 'graphmon_deploy_reference_age_seconds{rank="0",reference="previous"}' in text
+    assert "pid" not in "".join(line for line in text.splitlines() if not line.startswith("#"))
+    st = status(verdict)
+    s0 = st[0]["graphs"][0]["streams"][0]
+    assert st[0]["regression"] is True and 0 < s0["ci_low_ns"] <= s0["shift_ns"] <= s0["ci_high_ns"]
+    assert st[0]["graphs"][0]["top"]  # the boundaries, in /status only
+    # the compared process is gone (or another one of the rank is attached and has sent nothing yet):
+    # its verdict leaves /metrics and /status
+    for live in (set(), {"i100"}, {"i300"}):
+        assert "graphmon_deploy_regression{" not in metrics(verdict, live=live) and status(verdict, live=live) == []
+    assert "graphmon_deploy_regression{" in metrics(verdict, live={"i200"}) and status(verdict, live=["i200"])
+
+
+def test_a_restart_without_change_flags_nothing(native, verdict):
+    ws = windows_of(only(native, GRAPH))
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
+    for w in ws[:4]:
+        v1.send(verdict, w)
+    for w in ws[4:8]:  # the same build: the next replays of the same graph
+        v2.send(verdict, w)
+    assert _settled(verdict, 4)
+    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
+                      and verdict.results[("0", "previous")].current_windows == 4, timeout=30)
+    r = verdict.results[("0", "previous")]
+    assert r.state == "ready" and not r.verdict.regressions()
+    text = metrics(verdict)
+    assert ' 1.0' not in "\n".join(line for line in text.splitlines() if line.startswith("graphmon_deploy_regression")
+                                   or line.startswith("graphmon_deploy_stream_regression"))
+    assert text.count("graphmon_deploy_regression{") == 3  # the graph, every kind at 0
+
+
+def test_a_concentrated_regression_and_a_pinned_baseline(native, verdict):
+    """The pinned window pools with its process's windows before it: the held-out concentrated case
+    flags through POST /baseline's path as through a restart."""
+    t = only(native, "decode_bs2/no_upload")
+    _, cur = held_out_concentrated(t)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
+    ids = [v1.send(verdict, w) for w in windows_of(t)[:4]]
+    assert _settled(verdict, 4)
+    base = PooledBaseline(verdict)
+    assert base.status() == {"state": "no baseline"}
+    assert base.pin(ids[2]) and not base.pin("r1-w99")
+    assert base.describe()["windows"] == 3 and base.describe()["replays"] == {"0/decode_bs2/no_upload": 12}
+    # compared with the windows after the pinned one: one window (4 replays) is not enough yet
+    assert wait_until(lambda: base.status().get("state") == "pooling", timeout=30)
+    assert base.status()["window"] == ids[3] and base.status()["replays_current"] == {"0/decode_bs2/no_upload": 4}
+    for w in windows_of(cur)[:2]:
+        wid = v2.send(verdict, w)
+    assert wait_until(lambda: base.status().get("window") == wid, timeout=30)
+    doc = base.status()
+    assert doc["baseline"] == ids[2] and doc["window"] == wid and doc["windows_baseline"] == 3
+    (g,) = doc["graphs"]
+    assert g["verdict"] == "concentrated" and g["flagged"] == 3
+    assert base.for_window(wid) == (ids[2], doc["graphs"]) and base.for_window("r1-w5") is None
+    assert wait_until(lambda: ("0", "previous") in verdict.results and verdict.results[("0", "previous")].state == "ready")
+    for ref in ("previous", "pinned"):
+        r = verdict.results[("0", ref)]
+        (gv,) = r.verdict.graphs
+        assert gv.regression and gv.kind == "concentrated" and gv.gap_added_ns == 15_000
+    text = metrics(verdict)
+    assert 'kind="concentrated",rank="0",reference="pinned"} 1.0' in text
+    assert base.unpin() == ids[2] and base.status() == {"state": "no baseline"}
+    assert ("0", "pinned") not in verdict.results
+
+
+def test_a_reconnect_of_the_same_process_and_a_crash_at_start_keep_the_reference(native, verdict):
+    ws = windows_of(only(native, GRAPH))
+    v1 = Proc(pid=100)
+    for w in ws[:3]:
+        v1.send(verdict, w)
+    again = Proc(pid=100, incarnation="i101", after=v1)  # the link reconnected: the same pid
+    again.send(verdict, ws[3])
+    assert _settled(verdict, 4) and not verdict.results
+    crashed = Proc(pid=150, after=v1)
+    crashed.send(verdict, ws[4])  # one window, 4 replays: never a usable reference
+    v2 = Proc(pid=200, after=v1)
+    for w in ws[5:7]:
+        v2.send(verdict, w)
+    assert wait_until(lambda: ("0", "previous") in verdict.results
+                      and verdict.results[("0", "previous")].current_windows == 2, timeout=30)
+    r = verdict.results[("0", "previous")]
+    assert (r.reference_id, r.reference_pid, r.reference_windows) == ("i101", "100", 4) and r.state == "ready"
+
+
+def test_a_window_no_pool_holds_is_pinned_from_the_store_by_its_rank_tag(native):
+    """Window ids are the agent's ``r<n>-w<k>`` (n: the rank's series); a rank the agent dropped and
+    made again (a new tag) keeps its reference for the next process."""
+    ws = windows_of(only(native, GRAPH))
+    store = {}
+    v = DeployVerdict(lookup=store.get, max_replays=8)  # a pool keeps two windows (8 replays)
+    try:
+        v1 = Proc(pid=100)
+        ids = []
+        for w in ws[:4]:
+            ids.append(v1.send(v, w))
+            store[ids[-1]] = w
+        assert _settled(v, 2) and [w.window_id for w in v._ranks["0"].current.windows] == ids[2:]
+        assert v.pin(ids[0])  # out of the pool: from the store, alone
+        assert v.describe()["rank"] == "0" and v.describe()["windows"] == 1
+        assert not v.pin("r9-w1")
+        v.unpin()
+        v2 = Proc(pid=200)
+        v2.series.tag = "r2"  # the agent dropped rank 0's series (keep_gone_s) and made them again
+        for w in ws[4:6]:
+            v2.send(v, w)
+        assert wait_until(lambda: ("0", "previous") in v.results and v.results[("0", "previous")].state == "ready",
+                          timeout=30)
+        assert v.results[("0", "previous")].reference_pid == "100"
+        store["r2-w9"] = ws[6]  # a window of the new series that no pool holds
+        assert v.pin("r2-w9") and v.describe()["rank"] == "0" and v.describe()["windows"] == 1
+    finally:
+        v.stop()
+
+
+def test_pool_bounds_and_queue_overflow(native):
+    t = only(native, GRAPH)
+    ws = windows_of(t)
+    p = Pool(max_replays=8)
+    for i, w in enumerate(ws[:6]):
+        p.add(pooled(f"w{i}", w, float(i)))
+    assert p.replays() == {f"0/{GRAPH}": 8} and [w.window_id for w in p.windows] == ["w4", "w5"]
+    assert p.upto("w4").newest_id == "w4" and p.upto("w0") is None
+    assert len(p.trace()) == 2 * 4 * 960
+    small = Pool(max_replays=1000, max_bytes=1)
+    for i, w in enumerate(ws[:3]):
+        small.add(pooled(f"w{i}", w, 0.0))
+    assert len(small.windows) == 1  # bytes: only the newest stays
+    assert window_replays(native) == {f"0/{n}": 80 for n in native.graph_names()}
+    v = DeployVerdict(queue_max=2)
+    v._thread = SimpleNamespace()  # no worker: the queue fills
+    proc = Proc()
+    for w in ws[:5]:
+        proc.send(v, w)
+    assert v.dropped == 3 and len(v._queue) == 2
+    assert "graphmon_deploy_windows_dropped_total 3.0" in metrics(v)
+    assert 'graphmon_deploy_computations_total{outcome="ok"} 0.0' in metrics(v)
+
+
+def test_the_hook_costs_the_ingest_thread_no_computation(native, verdict):
+    ws = windows_of(only(native, GRAPH))
+    proc = Proc()
+    t0 = time.perf_counter()
+    for w in ws[:10]:
+        verdict.on_window(proc, window(w))  # the window id comes from the aggregator: none here
+    assert time.perf_counter() - t0 < 0.5 and not verdict._queue
+    proc.aggregator.ingest(window(ws[0]))
+    t0 = time.perf_counter()
+    verdict.on_window(proc, window(ws[0]))
+    assert time.perf_counter() - t0 < 0.05
+
+
+def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
+    """The wiring: Agent.window_hooks -> the verdict's thread -> /metrics (the agent's render thread,
+    the verdict's collector among the agent-level ones), /status "deploy" and /trace/<window>'s
+    otherData.deploy; two processes of rank 0 over the real wire, one after the other, the second
+    taking the rank's series over (window ids r1-w<k> continue)."""
+    import socket
+
+    from fastapi.testclient import TestClient
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import create_agent_app
+    from graphmon.model.wire import encode_message, encode_window
+    from graphmon.settings import Settings
+
+    agent = Agent(Settings(port=0), tick_s=0.02, heartbeat_lost_s=60).start()
+    c = TestClient(create_agent_app(agent, render_interval_s=0.05), client=("127.0.0.1", 5000))
+    t = only(native, GRAPH)
+
+    def process(pid, windows):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(agent.socket_path)
+        ident = {"rank": "0", "rank_source": "cuda_device", "pid": str(pid), "host": "h", "device": "0",
+                 "interval_s": 10.0, "first_window_s": 0.0}
+        s.sendall(encode_message("hello", identity=ident, status={"state": "running"}))
+        for i, w in enumerate(windows):
+            s.sendall(encode_window(window(w, ended_s=time.time() + i)))
+        return s
+
+    try:
+        v1 = process(100, windows_of(t)[:4])
+        assert wait_until(lambda: any(p["pid"] == "100" and p["windows_total"] == 4
+                                      for p in c.get("/status").json()["processes"]), timeout=20)
+        v1.sendall(encode_message("bye", status={"state": "stopped"}))
+        v1.close()
+        v2 = process(200, windows_of(widen(t, 0))[:2])
+        assert wait_until(lambda: any(d["state"] == "ready" for d in c.get("/status").json()["deploy"]), timeout=30)
+        (d,) = c.get("/status").json()["deploy"]
+        assert (d["rank"], d["reference_pid"], d["current_pid"], d["regression"]) == ("0", "100", "200", True)
+        assert d["current_window"] == "r1-w6" and d["graphs"][0]["kind"] == "uniform"
+        c.get("/metrics")  # a scraper: the render thread renders its format every interval from now on
+        line = f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="uniform",rank="0",reference="previous"}} 1.0'
+        assert wait_until(lambda: line in c.get("/metrics").text)  # the verdict's collector is in the agent's list
+        other = c.get("/trace/r1-w6").json()["otherData"]
+        assert other["deploy"]["reference_pid"] == "100" and other["deploy"]["graphs"][0]["top"]
+        assert "boundaries" not in other  # nothing pinned
+        assert "deploy" not in c.get("/trace/r1-w5").json()["otherData"]
+        v2.close()
+    finally:
+        agent.stop()
+        c.app.state.deploy.stop()
