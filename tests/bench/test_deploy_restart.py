@@ -1,6 +1,6 @@
 """bench/deploy_restart.py's CPU path (--dry-run: fake CUPTI and torch) end to end, and its scraped
-verdict samples replayed through the shipped alert rules with promtool, as the lead does with the
-H200 run's JSON (pass a GPU run's file with GRAPHMON_DEPLOY_RESTART_JSON=path)."""
+verdict samples replayed through the shipped alert rules with promtool, for that run and
+for the committed H200 run (another GPU run's file: GRAPHMON_DEPLOY_RESTART_JSON=path)."""
 
 import json
 import os
@@ -17,11 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLD_S = 420  # the process keeps running: its last scraped values hold past the rule's `for: 5m`
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    given = os.environ.get("GRAPHMON_DEPLOY_RESTART_JSON")
-    if given:
-        return json.loads(Path(given).read_text())
+H200_RUN = ROOT / "bench" / "results" / "gpu-check-12" / "deploy-restart.json"
+
+
+@pytest.fixture(scope="module", params=["dry-run", "h200"])
+def result(request, tmp_path_factory):
+    """The CPU dry run made here, and the committed H200 run (or the run named by
+    GRAPHMON_DEPLOY_RESTART_JSON): the GPU's scraped samples go through the same assertions."""
+    if request.param == "h200":
+        return json.loads(Path(os.environ.get("GRAPHMON_DEPLOY_RESTART_JSON", H200_RUN)).read_text())
     out = tmp_path_factory.mktemp("deploy-restart")
     env = {k: v for k, v in os.environ.items() if k not in ("GRAPHMON_AGENT", "GRAPHMON_CUPTI_API", "RANK", "LOCAL_RANK")}
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "deploy_restart.py"), "--dry-run", "--out", str(out),
@@ -58,10 +62,17 @@ def test_the_memcpy_restart_flags_within_three_windows_and_the_others_do_not(res
     assert result["failed_scrapes"] == 0
 
 
+def _last_seen(values: str) -> str:
+    seen = [v for v in values.split() if v != "_"]
+    return seen[-1] if seen else "_"
+
+
 def _promtool_case(tmp_path, restart):
     """The restart's scraped series, the last values held for HOLD_S: the firing alerts at the end
     as promtool's ALERTS series (labels exact; a wrong or missing alert fails the case)."""
-    series = [{"series": s["series"], "values": s["values"] + f" {s['values'].split()[-1]}x{HOLD_S}"}
+    # held at the last value scraped while the new process ran: a phase ends by stopping it (the
+    # verdict's series leave with the process), where a deployed process keeps running
+    series = [{"series": s["series"], "values": s["values"] + f" {_last_seen(s['values'])}x{HOLD_S}"}
               for s in restart["input_series"]]
     n = len(restart["input_series"][0]["values"].split()) + HOLD_S
     final = restart["final"]
