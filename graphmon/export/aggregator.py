@@ -453,7 +453,7 @@ class Aggregator:
             errors[stage] = errors.get(stage, 0) + c
             if c > self._source_errors_logged.get(stage, 0):  # the source counts without I/O; log here
                 self._source_errors_logged[stage] = c
-                self._log_error(stage, f"{health.last_errors.get(stage, '')} ({c} so far)")
+                self._log_error(stage, f"{health.last_errors.get(stage) or 'no detail'} ({c} so far)")
         return Snapshot(
             created_s=time.time(),
             rank=self.rank,

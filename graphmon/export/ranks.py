@@ -118,5 +118,6 @@ class Attached:
         h = self.proc.health()
         errors = dict(self.series.errors.total)  # carried over the rank's processes: never decreases
         if h.state == "running" and self.degraded:
-            return SourceHealth(up=False, state="degraded", reason=self.degraded, errors=errors)
-        return SourceHealth(up=h.up, state=h.state, reason=h.reason, errors=errors)
+            return SourceHealth(up=False, state="degraded", reason=self.degraded, errors=errors,
+                                last_errors=h.last_errors)
+        return SourceHealth(up=h.up, state=h.state, reason=h.reason, errors=errors, last_errors=h.last_errors)

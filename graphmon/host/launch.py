@@ -246,7 +246,7 @@ def record_command(argv: Sequence[str], output: str, windows: int = 0, settings:
 
 def _who(ident: dict) -> str:
     rank, pid = str(ident.get("rank", "")), str(ident.get("pid", ""))
-    if rank and rank != f"pid{pid}":  # a rank made from the pid says nothing more
+    if rank:
         return f"rank {rank} (pid {pid})" if pid else f"rank {rank}"
     return f"pid {pid}" if pid else "a process"
 

@@ -412,7 +412,8 @@ class LightCollector:
     def _status(self) -> dict:
         h = self.source.health()
         st = self.source.stats  # the tracing budget at work: the wait it chose after the last window
-        return {"state": h.state, "reason": h.reason, "errors": dict(h.errors), "windows": self.windows,
+        return {"state": h.state, "reason": h.reason, "errors": dict(h.errors),
+                "last_errors": dict(h.last_errors), "windows": self.windows,
                 "empty_windows": self.empty_windows,
                 # traced, and no graph launch came (the collector's closed set of empty-window
                 # reasons: no_records above, no_launches here; idle windows are not empty: nothing ran)

@@ -48,6 +48,7 @@ MESSAGE_TYPES = ("hello", "window", "heartbeat", "capture", "stop", "bye", "refu
 # A count a sender reports (per window or cumulative): above 2**53 it is no real count, and it
 # would no longer be exact as the float a metric sample is (10**400 made every scrape fail).
 MAX_COUNT = 2**53
+MAX_ERROR_CHARS = 300  # an error's text (the repr the source keeps is cut there too)
 MAX_KEYS = 64  # entries of a sender's identity, status, error and invalid-reason maps
 MAX_RANK_CHARS = 64
 # Wall-clock seconds a sender reports (window start/end): 1970 .. 2286. Outside is no clock.
@@ -224,6 +225,15 @@ def decode_status(v: Any) -> dict:
         raise WireError("status reason must be a string", "status")
     out["reason"] = reason[:200]
     out["errors"] = fold_counts(v.get("errors", {}), ERROR_STAGES, "status errors", "status")
+    # the text of each stage's last error: the agent's log line says what failed, not only where
+    last = v.get("last_errors", {})
+    if not isinstance(last, dict) or len(last) > MAX_KEYS:
+        raise WireError(f"status last_errors must map at most {MAX_KEYS} stages to strings", "status")
+    out["last_errors"] = {}
+    for k, x in last.items():
+        if not isinstance(k, str) or not isinstance(x, str):
+            raise WireError("status last_errors must map stages to strings", "status")
+        out["last_errors"][k if k in ERROR_STAGES else OTHER] = x[:MAX_ERROR_CHARS]
     for k in ("windows", "empty_windows"):
         if k in v:
             if not _int_in(v[k], 0, MAX_COUNT):

@@ -101,10 +101,10 @@ class RemoteProcess(Source):
         st = self.status  # validated at the wire (graphmon.model.wire.decode_status)
         if self.lost:
             return SourceHealth(up=False, state="lost", reason=self.closed_reason or "connection lost",
-                                errors=dict(st.get("errors") or {}))
+                                errors=dict(st.get("errors") or {}), last_errors=dict(st.get("last_errors") or {}))
         state = st.get("state") or "starting"
         return SourceHealth(up=state == "running", state=state, reason=st.get("reason", ""),
-                            errors=dict(st.get("errors") or {}))
+                            errors=dict(st.get("errors") or {}), last_errors=dict(st.get("last_errors") or {}))
 
     # I/O ----------------------------------------------------------------------------
     def send(self, data: bytes) -> None:

@@ -270,3 +270,25 @@ def test_link_denied_by_the_socket_mode_says_what_to_set_once(agent):
     assert r.returncode == 0 and len(denied) == 1, r.stderr
     assert "socket uid 0 gid 0 mode 0600" in denied[0] and "--allow-gid" in denied[0]
     assert int(lines[-1].split()[-1]) >= 3  # it kept retrying, quietly
+
+
+class _NoLibcupti(FakeCupti):
+    @property
+    def graph_exec_id(self):  # the first thing setup reads from the loaded api after prepare
+        raise OSError("libcupti.so.13: cannot open shared object file")
+
+
+def test_a_process_setup_error_reaches_the_agent_log_with_its_text(agent, caplog):
+    """The agent's log line names what failed in the process, not only the stage."""
+    lc = LightCollector(agent.socket_path, cupti=_NoLibcupti(), **FAST)
+    with caplog.at_level(logging.WARNING, logger="graphmon"):
+        lc.start()
+        try:
+            assert wait_until(lambda: agent.processes and agent.attached()[0].health().errors.get("setup"))
+            a = agent.attached()[0]
+            assert "cannot open shared object" in a.health().last_errors["setup"]
+            a.aggregator.refresh_if_changed()
+            assert wait_until(lambda: any("setup error" in r.getMessage() and "libcupti.so.13" in r.getMessage()
+                                          for r in caplog.records))
+        finally:
+            lc.stop()

@@ -170,6 +170,7 @@ def test_unfiltered_frames_are_checked(change, msg):
     {"state": 3}, {"state": "running", "reason": ["r"]}, {"state": "running", "windows": 10**400},
     {"state": "running", "sampling": {"next_interval_s": float("inf")}}, {"state": "running", "sampling": []},
     {"state": "running", "errors": {f"s{i}": 1 for i in range(65)}}, [], "running",
+    {"state": "running", "last_errors": ["x"]}, {"state": "running", "last_errors": {"flush": 5}},
 ])
 def test_a_status_with_a_malformed_field_is_refused(status):
     from graphmon.model.wire import decode_status
@@ -191,6 +192,8 @@ def test_status_keeps_known_fields_and_folds_unknown_stages_and_states():
     assert got["sampling"] == {"next_interval_s": 12.0, "cupti_subscribed": False}
     assert "extra" not in got and got["windows"] == 5
     assert decode_status({"state": "lost"})["state"] == "error"  # only the agent says a process is lost
+    last = decode_status({"last_errors": {"setup": "e" * 1000, "made_up": "x"}})["last_errors"]
+    assert last == {"setup": "e" * 300, "other": "x"}
 
 
 def test_identity_values_are_bounded_strings():
