@@ -69,6 +69,7 @@ OTHER_SAMPLES = {
     "graphmon_deploy_reference_age_seconds",
     "graphmon_deploy_graphs_left_out",
     "graphmon_deploy_windows_dropped_total",
+    "graphmon_deploy_ranks_forgotten_total",
     "graphmon_deploy_computations_total",
     # The agent's own (issues 28 item 2, 31): liveness from the start, what it refused or dropped.
     "graphmon_agent_up",

@@ -71,6 +71,8 @@ class Agent:
         # Called on the ingest thread after a rank's aggregator ingested a window, as
         # hook(attached, window); an exception is counted (errors_total["window_hook"]), never raised.
         self.window_hooks: list[Callable[[Attached, Window], None]] = []
+        # Called by stop(), after the agent's own threads ended (the deploy verdict's thread)
+        self.stop_hooks: list[Callable[[], None]] = []
         self.processes: dict[str, Attached] = {}  # connection key -> the rank holder (live or gone)
         self.ranks: dict[str, RankSeries] = {}
         self._by_tag: dict[str, RankSeries] = {}
@@ -110,6 +112,11 @@ class Agent:
             self._ready_cv.notify_all()
         self._monitor.join(timeout_s)
         self._ingester.join(timeout_s)
+        for fn in self.stop_hooks:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - stopping goes on
+                self._count("stop", e)
 
     def _count(self, stage: str, exc: Optional[BaseException] = None) -> None:
         self.errors[stage] = self.errors.get(stage, 0) + 1

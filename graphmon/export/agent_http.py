@@ -294,6 +294,7 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
     # thread; /baseline pins through it (the same pooling).
     verdict = DeployVerdict(lookup=agent.trace_lookup)
     agent.window_hooks.append(verdict.on_window)
+    agent.stop_hooks.append(verdict.stop)
     deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,
                                             max_streams=st.max_streams, max_label_length=st.max_label_length)
 

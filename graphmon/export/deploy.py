@@ -13,7 +13,10 @@ comes with the new process's second window, and is computed again with every win
 Bounds: a pool keeps the newest windows, dropping the oldest once each graph in it has
 ``max_replays`` (default 64) replays in the newer ones, and at most ``max_bytes`` (default 32 MiB)
 of kernel columns (the newest window stays whatever its size): at most three pools per rank
-(current, previous, pinned). A process
+(current, previous, pinned). A rank's reference outlives its series in the agent (a slow restart
+is still compared), so the ranks kept are bounded too: at most ``max_ranks`` (default 256, the
+agent's process cap) and ``max_total_bytes`` (default 256 MiB) of pooled columns in all; past
+either, the rank whose newest window is oldest is forgotten (counted: ``ranks_forgotten``). A process
 whose pool never reached ``min_replays`` for any graph (it crashed at start) does not replace the
 reference: its successor is compared with the last process that did.
 
@@ -45,6 +48,8 @@ REFERENCES = ("previous", "pinned")
 MAX_REPLAYS = 64
 MAX_BYTES = 32 * 2**20
 QUEUE_MAX = 64
+MAX_RANKS = 256
+MAX_TOTAL_BYTES = 256 * 2**20
 TOP_BOUNDARIES = 5
 
 
@@ -190,8 +195,11 @@ class DeployVerdict:
 
     def __init__(self, *, thresholds: Optional[Thresholds] = None, gate: Optional[Gate] = None,
                  max_replays: int = MAX_REPLAYS, max_bytes: int = MAX_BYTES, queue_max: int = QUEUE_MAX,
-                 top: int = TOP_BOUNDARIES, lookup: Optional[Callable[[str], Any]] = None) -> None:
+                 top: int = TOP_BOUNDARIES, lookup: Optional[Callable[[str], Any]] = None,
+                 max_ranks: int = MAX_RANKS, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
         self.thresholds = thresholds or Thresholds()
+        self.max_ranks, self.max_total_bytes = int(max_ranks), int(max_total_bytes)
+        self.ranks_forgotten = 0
         self.gate = gate or Gate()
         self.max_replays, self.max_bytes, self.queue_max, self.top = max_replays, max_bytes, queue_max, top
         self._lookup = lookup  # window id -> Trace (the trace store): a pin of a window no pool holds
@@ -377,6 +385,29 @@ class DeployVerdict:
                 st.dirty.add("previous")
             if self._pin is not None and self._pin[0] == rank:
                 st.dirty.add("pinned")
+            self._bound(rank)
+
+    def _bound(self, keep: str) -> None:  # lock held
+        """Forget the ranks whose newest window is oldest until max_ranks and max_total_bytes hold
+        (never ``keep``, the rank that just pooled a window); their verdicts end with them."""
+        def newest(st: _Rank) -> float:
+            return max((p.newest_s or 0.0) for p in (st.current, st.previous) if p is not None)
+
+        def nbytes(st: _Rank) -> int:
+            return sum(p.nbytes for p in (st.current, st.previous) if p is not None)
+
+        total = sum(nbytes(st) for st in self._ranks.values())
+        gone = []
+        for st in sorted((st for st in self._ranks.values() if st.rank != keep), key=newest):
+            if len(self._ranks) - len(gone) <= self.max_ranks and total <= self.max_total_bytes:
+                break
+            gone.append(st.rank)
+            total -= nbytes(st)
+        for r in gone:
+            del self._ranks[r]
+        if gone:
+            self.ranks_forgotten += len(gone)
+            self._publish({k: v for k, v in self.results.items() if k[0] not in gone})
 
     def _compute_dirty(self) -> None:
         with self._lock:

@@ -13,7 +13,8 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
   the boundaries the verdict names, per replay (0 when none widened);
 - ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
-- ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_computations_total{outcome}``.
+- ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_ranks_forgotten_total``,
+  ``graphmon_deploy_computations_total{outcome}``.
 
 Series exist while the compared process is attached and the comparison is computed: a restart
 ends the previous verdict (its series go) until the new process has pooled enough replays.
@@ -106,6 +107,11 @@ class DeployCollector:
                                       "Windows the deploy verdict could not pool (its queue was full).")
         dropped.add_metric([], self.verdict.dropped)
         yield dropped
+        forgotten = CounterMetricFamily("graphmon_deploy_ranks_forgotten",
+                                        "Ranks whose pooled windows the deploy verdict dropped to stay within "
+                                        "its bounds (ranks kept, pooled bytes); their successors have no reference.")
+        forgotten.add_metric([], self.verdict.ranks_forgotten)
+        yield forgotten
         comp = CounterMetricFamily("graphmon_deploy_computations", "Deploy verdict computations by outcome.",
                                    labels=["outcome"])
         for outcome in ("ok", "error"):

@@ -250,6 +250,30 @@ def test_pool_bounds_and_queue_overflow(native):
     assert 'graphmon_deploy_computations_total{outcome="ok"} 0.0' in metrics(v)
 
 
+def test_ranks_are_forgotten_oldest_first_past_the_bounds(native):
+    """A reference outlives the rank's series, so the ranks kept are bounded: past max_ranks (or
+    max_total_bytes) the rank whose newest window is oldest goes, with its verdicts, counted."""
+    ws = windows_of(only(native, GRAPH))
+    v = DeployVerdict(max_ranks=2)
+    try:
+        procs = [Proc(rank=str(r), pid=100 + r) for r in range(3)]
+        for i, p in enumerate(procs):
+            p.t += i * 100  # rank 0's windows are the oldest
+            p.send(v, ws[0])
+        assert wait_until(lambda: v.idle and v.ranks_forgotten == 1)
+        assert sorted(v._ranks) == ["1", "2"]
+        assert "graphmon_deploy_ranks_forgotten_total 1.0" in metrics(v)
+        small = DeployVerdict(max_total_bytes=1)  # bytes: only the rank that just pooled stays
+        try:
+            for p in procs:
+                p.send(small, ws[1])
+            assert wait_until(lambda: small.idle and small.ranks_forgotten == 2) and list(small._ranks) == ["2"]
+        finally:
+            small.stop()
+    finally:
+        v.stop()
+
+
 def test_the_hook_costs_the_ingest_thread_no_computation(native, verdict):
     ws = windows_of(only(native, GRAPH))
     proc = Proc()
@@ -312,4 +336,4 @@ def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
         v2.close()
     finally:
         agent.stop()
-        c.app.state.deploy.stop()
+    assert not c.app.state.deploy._thread.is_alive()  # the agent's stop ends the verdict's thread
