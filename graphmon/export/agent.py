@@ -384,17 +384,23 @@ class Agent:
         now = time.time()
         out = []
         for a in self.attached():
-            s = a.aggregator.snapshot()
-            ident = a.identity()
-            out.append({**ident, "incarnation": a.incarnation, "peer_pid": a.proc.peer_pid,
-                        "last_window_age_s": None if a.proc.last_window_s is None else max(0.0, now - a.proc.last_window_s),
-                        "windows_total": s.windows_total, "records_total": s.records_total,
-                        "empty_windows": a.proc.empty_windows,
-                        "windows": [self.window_id(a, w) for w in s.windows],
-                        "link": dict(a.proc.status.get("link") or {}),
-                        "windows_dropped_by_agent": dict(a.series.dropped),
-                        "sampling": dict(a.proc.status.get("sampling") or {}),
-                        "graphs": self._status_graphs(a.series.tag, s)})
+            try:
+                s = a.aggregator.snapshot()
+                ident = a.identity()
+                out.append({**ident, "incarnation": a.incarnation, "peer_pid": a.proc.peer_pid,
+                            "last_window_age_s": None if a.proc.last_window_s is None
+                            else max(0.0, now - a.proc.last_window_s),
+                            "windows_total": s.windows_total, "records_total": s.records_total,
+                            "empty_windows": a.proc.empty_windows,
+                            "windows": [self.window_id(a, w) for w in s.windows],
+                            "link": dict(a.proc.status.get("link") or {}),
+                            "windows_dropped_by_agent": dict(a.series.dropped),
+                            "sampling": dict(a.proc.status.get("sampling") or {}),
+                            "graphs": self._status_graphs(a.series.tag, s)})
+            except Exception as e:  # contained: one process's entry says so; /status answers for the others
+                self._count("status", e)
+                out.append({"rank": str(a.rank), "incarnation": a.incarnation, "state": "unknown",
+                            "error": f"status failed: {e!r}"[:300]})
         return out
 
     def state_counts(self) -> dict[str, int]:

@@ -118,6 +118,24 @@ def test_one_rank_failing_to_render_leaves_the_others_whole(agent, monkeypatch):
     parse_text(text)
 
 
+def test_one_process_failing_its_status_entry_leaves_status_whole(agent, monkeypatch):
+    from graphmon.export.agent_http import status
+
+    clients = _attach(agent, 2)  # noqa: F841 (kept open)
+    real = agent._status_graphs
+
+    def broken(tag, snap):
+        if snap.rank == "1":
+            raise KeyError("injected")
+        return real(tag, snap)
+
+    monkeypatch.setattr(agent, "_status_graphs", broken)
+    procs = status(agent)["processes"]
+    assert [p["rank"] for p in procs] == ["0", "1"]
+    assert "graphs" in procs[0] and "KeyError('injected')" in procs[1]["error"]
+    assert agent.errors["status"] == 1
+
+
 def test_trace_memory_has_one_cap_for_all_processes():
     """Old code: one trace store per process, each up to trace_store_bytes (RSS grew with the
     number of collectors: 607-711 MB at 64)."""
