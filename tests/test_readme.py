@@ -41,7 +41,6 @@ SKIP = {
     "graphmon run -- vllm serve meta-llama/Llama-3.1-8B -tp 2": "GPU: vLLM on two GPUs",
     "graphmon record -o t.graphmon.npz -- CMD": "GPU: CMD is a placeholder for a program that captures CUDA graphs",
     "graphmon agent --socket /run/graphmon/agent.sock": "a sidecar that runs until stopped (tests/deploy run it)",
-    "graphmon run -- python examples/decode_server.py": "GPU: the example server captures CUDA graphs",
 }
 SERVE = "pip install . && graphmon serve"  # installs (done: the test runs installed) and starts the demo
 
