@@ -3,6 +3,7 @@ not stay quiet? (issue 27; the CPU twin is tests/system/test_deploy_e2e.py)
 
     python bench/deploy_restart.py --out DIR              # H200: real clients, < 5 min
     python bench/deploy_restart.py --out DIR --dry-run    # CPU: the fake CUPTI and torch of tests/fake_site
+    ... --prometheus /usr/bin/prometheus                  # also a real Prometheus with the shipped rules
 
 One `graphmon run` agent; under it this script (the driver) runs, one process after the other:
 - rank 0 (the CUDA device ordinal: no RANK given): examples' decode model, one graph (batch 1,
@@ -27,6 +28,12 @@ per (rank, graph, stream) before and after the restart (a count above 1 is a dup
 and ``input_series``: the scraped samples of the verdict families during the restart, at 1 s, in
 ``promtool test rules`` notation (tests/bench/test_deploy_restart.py replays them through the
 shipped alert rules).
+
+With ``--prometheus PATH``, a real Prometheus scrapes the agent every second and evaluates the
+shipped alert rules with one change, stated in the JSON: GraphmonDeployRegression's ``for: 5m``
+becomes ``--for-s`` (default 10 s; a bench cannot hold each process 5 minutes). A new process then
+runs until its verdict has held ``--for-s`` + 8 s, and ``prometheus_alerts`` per restart lists the
+GraphmonDeployRegression alerts firing just before it stops.
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
+from typing import Optional
 
 SELF = os.path.abspath(__file__)
 HERE = os.path.dirname(SELF)
@@ -141,10 +150,69 @@ def series_per_key(metrics: str) -> dict[str, int]:
     return out
 
 
+class Prometheus:
+    """A real Prometheus on loopback scraping the agent with the shipped rules, the deploy rule's
+    ``for`` shortened to ``for_s`` (the only change)."""
+
+    RULE = "GraphmonDeployRegression"
+
+    def __init__(self, binary: str, target: str, workdir: str, for_s: float) -> None:
+        import yaml
+
+        self.workdir = os.path.join(workdir, "prometheus")
+        os.makedirs(self.workdir, exist_ok=True)
+        with open(os.path.join(ROOT, "dashboards", "alerts.yml")) as fh:
+            doc = yaml.safe_load(fh)
+        rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == self.RULE]
+        assert len(rules) == 1, f"{self.RULE} not in dashboards/alerts.yml"
+        rules[0]["for"] = f"{for_s:g}s"
+        self.change = f"{self.RULE} for: {for_s:g}s (shipped: 5m); every other rule as shipped"
+        alerts = os.path.join(self.workdir, "alerts.yml")
+        with open(alerts, "w") as fh:
+            yaml.safe_dump(doc, fh, sort_keys=False)
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [alerts],
+                  "scrape_configs": [{"job_name": "graphmon", "static_configs": [{"targets": [target]}]}]}
+        with open(os.path.join(self.workdir, "prometheus.yml"), "w") as fh:
+            yaml.safe_dump(config, fh)
+        self.base = f"http://127.0.0.1:{_free_port()}"
+        self.log = open(os.path.join(self.workdir, "prometheus.log"), "w")
+        self.proc = subprocess.Popen([binary, f"--config.file={self.workdir}/prometheus.yml",
+                                      f"--storage.tsdb.path={self.workdir}/data",
+                                      f"--web.listen-address={self.base[7:]}", "--log.level=warn"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(self.base + "/-/ready", timeout=2)
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"prometheus did not start (log: {self.log.name})")
+                time.sleep(0.5)
+
+    def firing(self) -> list[dict]:
+        """The deploy rule's firing alerts now, their labels."""
+        q = urllib.parse.quote(f'ALERTS{{alertname="{self.RULE}",alertstate="firing"}}')
+        try:
+            doc = json.loads(_get(f"{self.base}/api/v1/query?query={q}"))
+        except Exception as e:
+            return [{"error": repr(e)}]
+        return sorted((r["metric"] for r in doc["data"]["result"]), key=lambda m: sorted(m.items()))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
 class Driver:
     def __init__(self, args) -> None:
         self.args, self.base = args, f"http://127.0.0.1:{args.port}"
         self.scraper = Scraper(self.base)
+        self.prom: Optional[Prometheus] = None
         self.phases: list[dict] = []
         self.restarts: list[dict] = []
         self.skipped: list[str] = []
@@ -200,10 +268,14 @@ class Driver:
                 break
             v = self.verdict(rank, proc.pid)
             if not first and v.get("state") == "ready":
-                ready_at = ready_at if ready_at is not None else v["current_windows"]
-                if v["current_windows"] >= ready_at + WINDOWS_AFTER_VERDICT:
+                if ready_at is None:
+                    ready_at, ready_t = v["current_windows"], time.monotonic()
+                held = self.prom is None or time.monotonic() - ready_t >= self.args.for_s + 8
+                if v["current_windows"] >= ready_at + WINDOWS_AFTER_VERDICT and held:
                     break
             time.sleep(0.5)
+        if self.prom is not None:
+            ph["prometheus_alerts"] = self.prom.firing()
         ph["windows"] = max(0, self.process(proc.pid).get("windows_total", base) - base)
         ph["series"] = series_per_key(self.scraper.last_metrics)
         ph["signatures"] = signatures(self.scraper.last_metrics, rank)
@@ -254,20 +326,29 @@ class Driver:
                 "final": {k: final.get(k) for k in ("state", "regression", "graphs", "reference_windows",
                                                     "current_windows", "error")},
                 "series_before": old["series"], "series_after": new["series"],
+                **({"prometheus_alerts": new["prometheus_alerts"]} if "prometheus_alerts" in new else {}),
                 "input_series": input_series(scrapes, rank)}
 
     def run(self) -> dict:
+        if self.args.prometheus:
+            self.prom = Prometheus(self.args.prometheus, self.base[7:], self.args.out, self.args.for_s)
         self.scraper.start()
-        self.sequence("0", "decode", [False, True, True])
-        if not self.args.skip_hf:
-            self.sequence("1", "hf", [False, False])
-        self.scraper.stop.set()
+        try:
+            self.sequence("0", "decode", [False, True, True])
+            if not self.args.skip_hf:
+                self.sequence("1", "hf", [False, False])
+        finally:
+            self.scraper.stop.set()
+            if self.prom is not None:
+                self.prom.close()
         return self.write()
 
     def write(self) -> dict:
         doc = {"command": " ".join(["python", "bench/deploy_restart.py", "--out", self.args.out]
-                                   + (["--dry-run"] if self.args.dry_run else [])),
+                                   + (["--dry-run"] if self.args.dry_run else [])
+                                   + (["--prometheus", "PATH", "--for-s", f"{self.args.for_s:g}"] if self.prom else [])),
                "dry_run": self.args.dry_run, "interval_s": self.args.interval_s, "window_launches": 4,
+               "prometheus": self.prom.change if self.prom is not None else None,
                "phases": sorted(self.phases, key=lambda p: (p["rank"], p["started_s"])), "restarts": self.restarts,
                "skipped": self.skipped, "scrapes": len(self.scraper.scrapes),
                "failed_scrapes": sum(1 for s in self.scraper.scrapes if "error" in s)}
@@ -308,6 +389,8 @@ def outer(args) -> int:
            "--interval-s", str(args.interval_s), "--process-timeout-s", str(args.process_timeout_s),
            "--driver-budget-s", str(max(30.0, args.timeout_s - 30))]  # the driver stops in time to write
     cmd += (["--dry-run"] if args.dry_run else []) + (["--skip-hf"] if args.skip_hf else [])
+    if args.prometheus:
+        cmd += ["--prometheus", os.path.abspath(args.prometheus), "--for-s", str(args.for_s)]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a timeout ends every client
     try:
@@ -340,6 +423,9 @@ def main(argv=None) -> int:
     ap.add_argument("--interval-s", type=float, default=1.0, help="seconds between windows (default 1)")
     ap.add_argument("--process-timeout-s", type=float, default=120.0, help="longest one client process runs")
     ap.add_argument("--timeout-s", type=float, default=285.0, help="the whole run (default 285: under 5 min)")
+    ap.add_argument("--prometheus", metavar="PATH", help="also run this Prometheus binary with the shipped rules")
+    ap.add_argument("--for-s", type=float, default=10.0,
+                    help="GraphmonDeployRegression's for: in that Prometheus (default 10; shipped: 5m)")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--driver-budget-s", type=float, default=300.0, help=argparse.SUPPRESS)

@@ -7,7 +7,8 @@
 # machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
 # tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,trace,decode,impact (default tests,e2e,live;
 # idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/trace_cost.py;
-# decode: bench/decode_buffers.py; impact: bench/host_impact.py; deploy: bench/deploy_restart.py, < 5 min).
+# decode: bench/decode_buffers.py; impact: bench/host_impact.py; deploy: bench/deploy_restart.py, < 6 min,
+# with a real Prometheus when .prom/prometheus.xz is carried).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -107,7 +108,12 @@ if has impact; then
 fi
 if has deploy; then
   echo "== a deploy under one agent: decode v1 -> v2 (memcpy nodes) -> v3, HF h1 -> h2 (bench/deploy_restart.py)"
-  timeout 300 $PY bench/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 285 > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
+  # a Prometheus binary carried as .prom/prometheus.xz (the device has none): the shipped rules fire for real
+  PROM_ARGS=()
+  if [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))"; then
+    chmod +x /tmp/prometheus && PROM_ARGS=(--prometheus /tmp/prometheus)
+  fi
+  timeout 340 $PY bench/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 330 "${PROM_ARGS[@]}" > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
   cp "$OUT/all/deploy/deploy-restart.json" "$OUT/" 2>/dev/null
   grep -h "^rank " "$OUT/all/deploy-restart.log" | tee "$OUT/deploy-restart-summary.txt"
 fi

@@ -97,3 +97,18 @@ def test_scraped_verdicts_through_the_shipped_rule(result, tmp_path):
     for rank in ("0", "1"):
         want, quiet = _promtool_case(tmp_path, _restart(result, "none", rank))
         assert want == [] and quiet.returncode == 0, quiet.stdout + quiet.stderr
+
+
+def test_a_real_prometheus_fired_for_the_memcpy_restart_only(result):
+    """Runs with --prometheus (the H200 run): the alerts a real Prometheus with the shipped rules
+    (the deploy rule's for: shortened, as the JSON says) had firing as each new process ended."""
+    if not result.get("prometheus"):
+        pytest.skip("this run had no Prometheus (bench/deploy_restart.py --prometheus PATH)")
+    assert "every other rule as shipped" in result["prometheus"]
+    changed = _restart(result, "memcpy")
+    (g,) = changed["final"]["graphs"]
+    fired = changed["prometheus_alerts"]
+    assert sorted(int(a["stream"]) for a in fired) == sorted(g["flagged_streams"])
+    assert {(a["rank"], a["graph"], a["kind"], a["reference"]) for a in fired} == {("0", g["graph"], g["kind"], "previous")}
+    for rank in ("0", "1"):
+        assert _restart(result, "none", rank)["prometheus_alerts"] == []
