@@ -152,7 +152,12 @@ def test_records_match_cuda_events(setup):
     # replays in time order = launch order; the first has no previous replay in the window
     diff_ms = np.abs(both[1:] / 1e6 - ev[1:])
     assert np.median(diff_ms) < 0.005, (np.median(diff_ms), np.median(both) / 1e6, np.median(ev))
-    assert w.dropped == 0 and t.invalid_total == 0
+    # Nothing of g's 40 replays is invalid. An opener replay launched in the reference phase, just
+    # before the window's ring was set, while tracing was already on: its kernels are counted as
+    # launched_outside_window and excluded (whole replays: the three graphs have one structure)
+    invalid = dict(t.invalid)
+    outside = invalid.pop("launched_outside_window", 0)
+    assert w.dropped == 0 and not invalid and outside % int(cnt[0]) == 0, diag
     assert (t.launches["graph"] >= 0).all()
     # the columnar buffer path (issue 13): the record size was measured from libcupti's own walk
     # (CUpti_ActivityKernel10 = 216 bytes in CUPTI 13.0, Kernel13 = 248 in 13.4) and later buffers
