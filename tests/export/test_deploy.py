@@ -142,6 +142,39 @@ def test_a_restart_without_change_flags_nothing(native, verdict):
     assert text.count("graphmon_deploy_regression{") == 3  # the graph, every kind at 0
 
 
+def test_the_verdict_computes_at_most_its_busy_share_of_the_time(native):
+    """The agent's ingest shares the GIL with the verdict: after a computation of t seconds the
+    verdict pauses t * (1/busy_share - 1) before the next; windows of the pause are compared
+    together (fewer computations than windows), and the last window is always compared."""
+    ws = windows_of(only(native, GRAPH))
+    v = DeployVerdict(busy_share=0.25)
+    spans = []
+    real = v._compute
+
+    def timed(*job):
+        t0 = time.monotonic()
+        time.sleep(0.05)  # a computation of at least 50 ms
+        real(*job)
+        spans.append((t0, time.monotonic()))
+
+    v._compute = timed
+    try:
+        v1 = Proc(pid=100)
+        v2 = Proc(pid=200, after=v1)
+        for w in ws[:4]:
+            v1.send(v, w)
+        for w in ws[4:12]:
+            v2.send(v, w)
+            time.sleep(0.02)
+        assert wait_until(lambda: v.idle and v.results.get(("0", "previous")) is not None
+                          and v.results[("0", "previous")].current_windows == 8, timeout=30)
+        assert 1 <= len(spans) < 8
+        for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+            assert b0 - a1 >= 3 * (a1 - a0) * 0.9  # busy_share 0.25: a pause of 3x the computation
+    finally:
+        v.stop()
+
+
 def test_a_concentrated_regression_and_a_pinned_baseline(native, verdict):
     """The pinned window pools with its process's windows before it: the held-out concentrated case
     flags through POST /baseline's path as through a restart."""
@@ -248,6 +281,19 @@ def test_pool_bounds_and_queue_overflow(native):
     assert v.dropped == 3 and len(v._queue) == 2
     assert "graphmon_deploy_windows_dropped_total 3.0" in metrics(v)
     assert 'graphmon_deploy_computations_total{outcome="ok"} 0.0' in metrics(v)
+
+
+@pytest.mark.parametrize("corr_offset", [0, 2**33])  # CUPTI's uint32 ids (one sort), and the general path
+def test_window_replays_counts_distinct_launches_per_graph_and_device(corr_offset):
+    rng = np.random.default_rng(7)
+    n = 5000
+    t = SimpleNamespace(graph=rng.integers(-1, 3, n).astype(np.int32), device=rng.integers(0, 3, n).astype(np.int32),
+                        correlation_id=rng.integers(0, 400, n).astype(np.int64) + corr_offset,
+                        graphs=[SimpleNamespace(name=f"g{i}") for i in range(3)])
+    want: dict = {}
+    for g, d, c in {(int(g), int(d), int(c)) for g, d, c in zip(t.graph, t.device, t.correlation_id) if g >= 0}:
+        want[f"{d}/g{g}"] = want.get(f"{d}/g{g}", 0) + 1
+    assert window_replays(t) == want
 
 
 def test_ranks_are_forgotten_oldest_first_past_the_bounds(native):
