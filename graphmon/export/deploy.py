@@ -50,8 +50,8 @@ MAX_REPLAYS = 64
 MAX_BYTES = 32 * 2**20
 QUEUE_MAX = 64
 MAX_RANKS = 256
-BUSY_SHARE = 0.25  # the verdict thread computes at most this share of the time
 MAX_TOTAL_BYTES = 256 * 2**20
+BUSY_SHARE = 0.25  # the verdict thread computes at most this share of the time
 TOP_BOUNDARIES = 5
 
 
