@@ -1,6 +1,6 @@
 """The agent's deploy verdict: did the process that took over a rank regress against the one before?
 
-Per rank the agent pools windows (:class:`Pool`). When a new process takes over the rank (the
+Per rank the agent pools windows (graphmon.export.deploy_pool). When a new process takes over the rank (the
 agent's RankSeries, graphmon.export.ranks: another ``Attached.incarnation`` with another pid; a
 reconnect of the same pid keeps its pool), the previous process's pool becomes the **reference**
 of the new one; a **pinned** baseline (``POST /baseline``) is a second reference, pooled the same way: the
@@ -36,130 +36,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-import numpy as np
-
 from graphmon.analysis.boundaries import attribute
 from graphmon.analysis.compare import compare
 from graphmon.analysis.deploy import Gate, Verdict, judge
 from graphmon.analysis.significance import Thresholds
-from graphmon.model.trace import Trace, TraceError, concat
+from graphmon.export.deploy_pool import MAX_BYTES, MAX_REPLAYS, Pool, pooled
+from graphmon.model.trace import Trace, TraceError
 
 log = logging.getLogger("graphmon.agent")
 REFERENCES = ("previous", "pinned")
-MAX_REPLAYS = 64
-MAX_BYTES = 32 * 2**20
 QUEUE_MAX = 64
 MAX_RANKS = 256
 MAX_TOTAL_BYTES = 256 * 2**20
 BUSY_SHARE = 0.25  # the verdict thread computes at most this share of the time
 TOP_BOUNDARIES = 5
-
-
-# ---------------------------------------------------------------------- pools
-@dataclass(frozen=True)
-class Pooled:
-    window_id: str
-    trace: Trace
-    replays: Mapping[str, int]  # graph ("<device>/<name>") -> replays in this window
-    nbytes: int
-    ended_s: float
-
-
-def window_replays(trace: Trace) -> dict[str, int]:
-    """Replays per graph of one window, keyed "<device>/<graph name>"."""
-    sel = trace.graph >= 0
-    if not sel.any():
-        return {}
-    # one int64 key per (graph, device, correlation id): a 1-D unique (np.unique with axis=1 took
-    # 23 ms for a 20k-record window on the ingest side of a busy agent; this takes about 1 ms)
-    g, d = trace.graph[sel].astype(np.int64), trace.device[sel].astype(np.int64)
-    corr = trace.correlation_id[sel].astype(np.int64)
-    n_dev = int(d.max()) + 1
-    gd = g * n_dev + d
-    if int(corr.min()) >= 0 and int(corr.max()) < 2**32 and int(gd.max()) < 2**31:
-        keys = np.unique((gd << 32) | corr) >> 32
-    else:  # (correlation ids are CUPTI's uint32; anything else takes the general path)
-        keys = np.unique(np.stack([gd, corr]), axis=1)[0]
-    pairs, counts = np.unique(keys, return_counts=True)
-    names = [x.name for x in trace.graphs]
-    return {f"{int(k) % n_dev}/{names[int(k) // n_dev]}": int(c) for k, c in zip(pairs.tolist(), counts.tolist())}
-
-
-def pooled(window_id: str, trace: Trace, ended_s: float) -> Pooled:
-    nbytes = sum(getattr(trace, k).nbytes for k in ("start_ns", "end_ns", "device", "stream", "graph_id",
-                                                    "graph_node_id", "correlation_id", "name_id", "graph"))
-    return Pooled(window_id, trace, window_replays(trace), int(nbytes), float(ended_s))
-
-
-class Pool:
-    """The newest windows of one process, bounded in replays per graph and in bytes."""
-
-    def __init__(self, max_replays: int = MAX_REPLAYS, max_bytes: int = MAX_BYTES,
-                 windows: Optional[list] = None) -> None:
-        self.max_replays, self.max_bytes = int(max_replays), int(max_bytes)
-        self.windows: list[Pooled] = list(windows or [])
-        self._trace: Optional[Trace] = None
-
-    def add(self, p: Pooled) -> None:
-        self.windows.append(p)
-        self._trace = None
-        total = self.replays()
-        while len(self.windows) > 1:
-            old = self.windows[0]
-            over_bytes = self.nbytes > self.max_bytes
-            # the oldest window goes when every graph it holds keeps max_replays without it
-            surplus = all(total.get(g, 0) - n >= self.max_replays for g, n in old.replays.items())
-            if not (over_bytes or surplus):
-                break
-            self.windows.pop(0)
-            for g, n in old.replays.items():
-                total[g] -= n
-
-    def replays(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for w in self.windows:
-            for g, n in w.replays.items():
-                out[g] = out.get(g, 0) + n
-        return out
-
-    @property
-    def nbytes(self) -> int:
-        return sum(w.nbytes for w in self.windows)
-
-    @property
-    def newest_s(self) -> Optional[float]:
-        return self.windows[-1].ended_s if self.windows else None
-
-    @property
-    def newest_id(self) -> Optional[str]:
-        return self.windows[-1].window_id if self.windows else None
-
-    def trace(self) -> Trace:
-        if self._trace is None:
-            self._trace = concat([w.trace for w in self.windows])
-        return self._trace
-
-    def copy(self) -> "Pool":
-        p = Pool(self.max_replays, self.max_bytes, self.windows)
-        p._trace = self._trace
-        return p
-
-    def upto(self, window_id: str) -> Optional["Pool"]:
-        ids = [w.window_id for w in self.windows]
-        if window_id not in ids:
-            return None
-        return Pool(self.max_replays, self.max_bytes, self.windows[: ids.index(window_id) + 1])
-
-    def after(self, window_id: str) -> "Pool":
-        """The windows after ``window_id`` (all of them when it is not in this pool)."""
-        ids = [w.window_id for w in self.windows]
-        start = ids.index(window_id) + 1 if window_id in ids else 0
-        return Pool(self.max_replays, self.max_bytes, self.windows[start:])
-
-    def ready(self, other: "Pool", min_replays: int) -> bool:
-        """One graph with ``min_replays`` replays in both pools."""
-        mine, theirs = self.replays(), other.replays()
-        return any(min(n, theirs.get(g, 0)) >= min_replays for g, n in mine.items())
 
 
 # ---------------------------------------------------------------------- results

@@ -13,7 +13,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from graphmon.export.aggregator import Aggregator
 from graphmon.export.baseline import PooledBaseline
-from graphmon.export.deploy import DeployVerdict, Pool, pooled, window_replays
+from graphmon.export.deploy import DeployVerdict
+from graphmon.export.deploy_pool import Pool, pooled, window_replays
 from graphmon.export.deploy_metrics import DeployCollector, status
 from graphmon.export.exposition import render
 from graphmon.formats.read import read_trace
@@ -281,19 +282,6 @@ def test_pool_bounds_and_queue_overflow(native):
     assert v.dropped == 3 and len(v._queue) == 2
     assert "graphmon_deploy_windows_dropped_total 3.0" in metrics(v)
     assert 'graphmon_deploy_computations_total{outcome="ok"} 0.0' in metrics(v)
-
-
-@pytest.mark.parametrize("corr_offset", [0, 2**33])  # CUPTI's uint32 ids (one sort), and the general path
-def test_window_replays_counts_distinct_launches_per_graph_and_device(corr_offset):
-    rng = np.random.default_rng(7)
-    n = 5000
-    t = SimpleNamespace(graph=rng.integers(-1, 3, n).astype(np.int32), device=rng.integers(0, 3, n).astype(np.int32),
-                        correlation_id=rng.integers(0, 400, n).astype(np.int64) + corr_offset,
-                        graphs=[SimpleNamespace(name=f"g{i}") for i in range(3)])
-    want: dict = {}
-    for g, d, c in {(int(g), int(d), int(c)) for g, d, c in zip(t.graph, t.device, t.correlation_id) if g >= 0}:
-        want[f"{d}/g{g}"] = want.get(f"{d}/g{g}", 0) + 1
-    assert window_replays(t) == want
 
 
 def test_ranks_are_forgotten_oldest_first_past_the_bounds(native):
