@@ -53,7 +53,7 @@ class Source(abc.ABC):
         with self._errors_lock:
             self._errors[stage] = self._errors.get(stage, 0) + 1
             if exc is not None:
-                self._last_errors[stage] = repr(exc)[:300]
+                self._last_errors[stage] = _where(exc)
 
     def wait_started(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) until the source has left 'starting' (a CUPTI source: subscribed and
@@ -73,6 +73,18 @@ class Source(abc.ABC):
         errors = dict(self._errors)
         return SourceHealth(up=self._state == "running", state=self._state, reason=self._reason, errors=errors,
                             last_errors=dict(self._last_errors))
+
+
+def _where(exc: BaseException) -> str:
+    """repr(exc) and the innermost frame that raised it: a callback error on a host thread has no
+    traceback anywhere else (no I/O there), and its repr alone ("an integer is required") does not
+    say which line."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    at = "" if tb is None else f" at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+    r = repr(exc)[: 300 - min(len(at), 120)]
+    return (r + at[:120])[:300]
 
 
 def wall_time() -> float:

@@ -286,7 +286,8 @@ def test_a_process_setup_error_reaches_the_agent_log_with_its_text(agent, caplog
         try:
             assert wait_until(lambda: agent.processes and agent.attached()[0].health().errors.get("setup"))
             a = agent.attached()[0]
-            assert "cannot open shared object" in a.health().last_errors["setup"]
+            last = a.health().last_errors["setup"]
+            assert "cannot open shared object" in last and "test_link.py:" in last and "in graph_exec_id" in last
             a.aggregator.refresh_if_changed()
             assert wait_until(lambda: any("setup error" in r.getMessage() and "libcupti.so.13" in r.getMessage()
                                           for r in caplog.records))
