@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLD_S = 420  # the process keeps running: its last scraped values hold past the rule's `for: 5m`
 
 
-H200_RUN = ROOT / "bench" / "results" / "gpu-check-12" / "deploy-restart.json"
+H200_RUN = ROOT / "bench" / "results" / "gpu-check-13" / "deploy-restart.json"
 
 
 @pytest.fixture(scope="module", params=["dry-run", "h200"])
