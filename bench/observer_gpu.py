@@ -163,6 +163,30 @@ class DriverEvents:
         self.used = 0
 
 
+class LaunchEvents:
+    """The "callback_events" candidate: a CUDA event recorded from the launch callback at each
+    graph launch's enter and exit (``on_launch`` is what ``Cupti.on_launch`` calls); one pair per
+    launch, the replay's duration between them."""
+
+    def __init__(self, n: int) -> None:
+        self.dev = DriverEvents(n)
+        self.pairs: list = []  # (enter event index, exit event index); -1 where the pool ran out
+        self._open: dict = {}
+
+    def on_launch(self, enter, corr, ex, stream) -> None:
+        if enter:
+            self._open[corr] = self.dev.record(stream)
+        else:
+            self.pairs.append((self._open.pop(corr, -1), self.dev.record(stream)))
+
+    def reset(self) -> None:
+        self.dev.reset()
+        self.pairs.clear()
+
+    def durations_ns(self) -> np.ndarray:
+        return np.array([self.dev.elapsed_ms(i, j) * 1e6 if i >= 0 and j >= 0 else np.nan for i, j in self.pairs])
+
+
 # ---------------------------------------------------------------------- graphs with in-graph events
 class EventedGraph:
     """A captured graph with event-record nodes (torch.cuda.Event(external=True) recorded during

@@ -262,28 +262,20 @@ def stage_truth(ctx, a) -> dict:
 
 
 def stage_callback_events(ctx, a) -> dict:
-    from observer_gpu import DriverEvents
+    from observer_gpu import LaunchEvents
 
     m, cu = ctx["m"], ctx["cu"]
-    dev = DriverEvents(4 * (a.new_tokens + 8))
-    pairs_idx, open_ = [], {}
+    ev = LaunchEvents(4 * (a.new_tokens + 8))
     durs: list = []
 
-    def on_launch(enter, corr, ex, stream):
-        if enter:
-            open_[corr] = dev.record(stream)
-        else:
-            pairs_idx.append((open_.pop(corr, -1), dev.record(stream)))
-
     def set_arm(arm):
-        dev.reset()
-        pairs_idx.clear()
-        cu.on_launch = on_launch if arm == "callback_events" else None
+        ev.reset()
+        cu.on_launch = ev.on_launch if arm == "callback_events" else None
         cu.launch_callbacks(arm != "subscribed")
 
     def after(arm):
         if arm == "callback_events":
-            durs.append(np.array([dev.elapsed_ms(i, j) * 1e6 if i >= 0 and j >= 0 else np.nan for i, j in pairs_idx]))
+            durs.append(ev.durations_ns())
 
     arms = ("subscribed", "callback", "callback_events")
     raw = _stack(_alternate(m, a.pairs, arms, set_arm, after))

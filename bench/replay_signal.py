@@ -113,26 +113,15 @@ def _warm(graphs) -> None:
 def stage_callback_events(cu, a) -> dict:
     import torch
 
-    from observer_gpu import DriverEvents, queued_replays, synced_replays
+    from observer_gpu import LaunchEvents, queued_replays, synced_replays
 
     graphs = _graphs(a)
     _warm(graphs)
-    dev = DriverEvents(4 * max(a.block, a.sync_n) + 8)
-    pairs_idx: list = []
-    open_: dict = {}
-
-    def on_launch(enter, corr, ex, stream):
-        if enter:
-            open_[corr] = dev.record(stream)
-        else:
-            pairs_idx.append((open_.pop(corr, -1), dev.record(stream)))
+    ev = LaunchEvents(4 * max(a.block, a.sync_n) + 8)
 
     def set_arm(arm):
-        cu.on_launch = on_launch if arm == "callback_events" else None
+        cu.on_launch = ev.on_launch if arm == "callback_events" else None
         cu.launch_callbacks(arm != "subscribed")
-
-    def durations():
-        return np.array([dev.elapsed_ms(i, j) * 1e6 if i >= 0 and j >= 0 else np.nan for i, j in pairs_idx])
 
     arm_names = ("subscribed", "callback", "callback_events")
     res, raw = {}, {}
@@ -141,8 +130,7 @@ def stage_callback_events(cu, a) -> dict:
         for order in rotations(arm_names, a.rounds):
             for arm in order:
                 set_arm(arm)
-                dev.reset()
-                pairs_idx.clear()
+                ev.reset()
                 q = queued_replays(g.replay, a.block)
                 for k in ("gpu_us", "launch_us"):
                     arms[arm][k].append(q[k])
@@ -152,10 +140,9 @@ def stage_callback_events(cu, a) -> dict:
                 raw[f"{name}_{arm}_{k}"] = np.array(arms[arm][k])
         # accuracy: synced replays, the callback's events against the in-graph events
         set_arm("callback_events")
-        dev.reset()
-        pairs_idx.clear()
+        ev.reset()
         s = synced_replays(g, a.sync_n)
-        d = durations()
+        d = ev.durations_ns()
         set_arm("subscribed")
         span = s["inner_ms"][:, -1] * 1e6
         raw[f"{name}_sync_cb_ns"], raw[f"{name}_sync_inner_span_ns"], raw[f"{name}_sync_outer_ns"] = d, span, s["outer_us"] * 1e3
@@ -166,8 +153,7 @@ def stage_callback_events(cu, a) -> dict:
         for p in range(a.window_pairs):
             for side in (("off", "on") if p % 2 == 0 else ("on", "off")):
                 set_arm("callback_events" if side == "on" else "callback")  # graphmon's windows have callbacks on
-                dev.reset()
-                pairs_idx.clear()
+                ev.reset()
                 cu.enable("CONCURRENT_KERNEL")
                 s = synced_replays(g, a.sync_n)
                 cu.enable("CONCURRENT_KERNEL", False)
