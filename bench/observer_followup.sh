@@ -10,24 +10,10 @@ set -u
 OUT=${OUT:-gpu-out}
 D="$OUT/observer2"
 mkdir -p "$D/truth-pristine"
-PY=${PYTHON:-python3}
-if ! $PY -c "import cupti" >/dev/null 2>&1 && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >"$D/pip.txt" 2>&1 || { echo "wheel install failed"; tail -5 "$D/pip.txt"; }
-  export PYTHONPATH="$PWD:/tmp/site"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONUNBUFFERED=1
+SUMMARY='^(==|!!)|->|cost |hf truth|gt_|: .* us \(' SUMMARY_LINES=20
+. bench/observer_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader > "$D/gpu.txt" 2>&1
 T0=$SECONDS
-run() {  # name, limit_s, command...
-  local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" > "$D/$name.log" 2>&1
-  echo "$name: exit $? after $((SECONDS - T0)) s"
-  grep -E "^(==|!!)|->|cost |hf truth|gt_|: .* us \(" "$D/$name.log" | tail -20
-}
 run residue ${RESIDUE_S:-50} $PY bench/trace_residue.py --out "$D"
 run truth_pristine ${TRUTH_S:-45} $PY bench/observer_truth.py --out "$D/truth-pristine" --stages decode
 run graph_trace ${GT_S:-60} $PY bench/replay_signal.py --out "$D" --stages graph_trace

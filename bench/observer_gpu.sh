@@ -10,27 +10,13 @@ set -u
 OUT=${OUT:-gpu-out}
 D="$OUT/observer"
 mkdir -p "$D"
-PY=${PYTHON:-python3}
-if ! $PY -c "import cupti" >/dev/null 2>&1 && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >"$D/pip.txt" 2>&1 || { echo "wheel install failed"; tail -5 "$D/pip.txt"; }
-  export PYTHONPATH="$PWD:/tmp/site"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONUNBUFFERED=1
+SUMMARY='^(==|!!)|->|: replay|cost |hf truth|gt_' SUMMARY_LINES=30
+. bench/observer_env.sh
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   $PY -c "import importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"; } > "$D/gpu.txt" 2>&1
 cat "$D/gpu.txt"
 T0=$SECONDS
-run() {  # name, limit_s, command...
-  local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" > "$D/$name.log" 2>&1
-  echo "$name: exit $? after $((SECONDS - T0)) s"
-  grep -E "^(==|!!)|->|: replay|cost |hf truth|gt_" "$D/$name.log" | tail -30
-}
 # each graph in a process of its own: a graph captured after kernel tracing was on may run slower
 run truth ${TRUTH_S:-30} $PY bench/observer_truth.py --out "$D" --stages chain
 run truth_decode ${TRUTH_S:-30} $PY bench/observer_truth.py --out "$D/decode" --stages decode
