@@ -121,7 +121,9 @@ def test_every_readme_command_runs_as_written(tmp_path):
             if cmd in SKIP:
                 continue
             if cmd == SERVE:
-                server = subprocess.Popen("graphmon serve", shell=True, cwd=tmp_path, env=env,
+                # no shell: terminate() must reach graphmon itself (through `sh -c`, it ended the
+                # shell and left the server running after the test)
+                server = subprocess.Popen(["graphmon", "serve"], cwd=tmp_path, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 deadline = time.monotonic() + 60
                 while True:  # the demo has its first windows within a few seconds
