@@ -41,6 +41,7 @@ from graphmon.model.wire import encode_message, encode_window, frame, split_fram
 
 WELL_BEHAVED = 8
 RECORDS = 20_000
+COLLECTORS_OUTLIVE_S = 10.0
 BAD_STATUS = [{"errors": ["x"]}, {"errors": "boom"}, {"errors": {"flush": 10**400}}, {"link": 5},
               {"errors": {"flush": -7}}, {"errors": {"flush": 1.5}}, {"windows": 10**400}, {"reason": ["r"]}]
 
@@ -218,7 +219,10 @@ def run(minutes: float, sample_s: float = 10.0, warmup_s: float = 60.0, log=prin
     duration_s = minutes * 60
     load0 = load_average()
     try:
-        good = CollectorProcess(agent.socket, WELL_BEHAVED, 1.0, duration_s, RECORDS)
+        # The well-behaved collectors outlive the hostile peers (stopped at the end of the loop
+        # below): a duplicate-rank claimant still running after rank 0's collector said bye takes
+        # rank 0 over, as any successor does, and its windows would count as rank 0's.
+        good = CollectorProcess(agent.socket, WELL_BEHAVED, 1.0, duration_s + COLLECTORS_OUTLIVE_S, RECORDS)
         deadline = time.monotonic() + 60  # the well-behaved ranks first: the duplicate claimant gets "0@2"
         while len(httpx.get(agent.base + "/status", timeout=30).json()["processes"]) < WELL_BEHAVED:
             if time.monotonic() > deadline:
