@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +49,8 @@ import time
 import urllib.parse
 import urllib.request
 from typing import Optional
+
+from agentload import free_port
 
 SELF = os.path.abspath(__file__)
 HERE = os.path.dirname(SELF)
@@ -174,7 +175,7 @@ class Prometheus:
                   "scrape_configs": [{"job_name": "graphmon", "static_configs": [{"targets": [target]}]}]}
         with open(os.path.join(self.workdir, "prometheus.yml"), "w") as fh:
             yaml.safe_dump(config, fh)
-        self.base = f"http://127.0.0.1:{_free_port()}"
+        self.base = f"http://127.0.0.1:{free_port()}"
         self.log = open(os.path.join(self.workdir, "prometheus.log"), "w")
         self.proc = subprocess.Popen([binary, f"--config.file={self.workdir}/prometheus.yml",
                                       f"--storage.tsdb.path={self.workdir}/data",
@@ -369,15 +370,9 @@ def input_series(scrapes: list[dict], rank: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- outer process
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def outer(args) -> int:
     os.makedirs(args.out, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     paths = [ROOT] + ([os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "fake_site")] if args.dry_run else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

@@ -15,7 +15,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from agentload import free_port
 
 from graphmon.formats.native import write_trace
 from graphmon.model.trace import GraphInfo, Trace
@@ -86,12 +87,6 @@ def render_ms(trace: Trace, repeats: int = 20) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--series", type=int, default=1000)
@@ -110,7 +105,7 @@ def main() -> None:
     # The server runs in its own process (as in production), so scraper threads don't share its GIL.
     tmp = Path(tempfile.mkdtemp()) / "bench.graphmon.npz"
     write_trace(trace, tmp)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(tmp), "--port", str(port),
                              "--window-interval-s", str(args.window_interval_s), "--speed", "0.05"], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"

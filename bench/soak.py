@@ -30,17 +30,11 @@ from typing import Optional
 import httpx
 import psutil
 
+from agentload import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "data" / "h200-cupti-decode-v1.graphmon.npz"
 MiB = 2**20
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def proc_sample(p: psutil.Process, t0: float) -> dict:
