@@ -153,7 +153,8 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
     from graphmon.settings import CuptiSettings
 
     code = "import os; print(os.environ.get('GRAPHMON_ATTACH_JSON'))"
-    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--close", "disable_first", "--max-drain-ms", "80",
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--close", "disable_first",
+                        "--max-drain-ms", "80",
                         "--window-launches", "8", "--buffer-size-bytes", "65536", "--max-buffers", "4",
                         "--max-window-records", "1000", "--max-traced-share", "0.01", "--max-interval-s", "30",
                         "--", sys.executable, "-c", code],

@@ -135,3 +135,23 @@ def test_function_level_and_relative_imports_are_edges(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("from . import a\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "graphmon")
     assert cycles(import_graph()) == [["graphmon.sub.a", "graphmon.sub.b"]]
+
+
+def test_pyproject_license_is_an_spdx_expression_and_the_build_warns_of_nothing():
+    """PEP 639: ``project.license`` is an SPDX string (the TOML table is deprecated, setuptools
+    warns and stops accepting it in 2027), which needs setuptools >= 77 in build-system.requires.
+    The metadata build is run for real (pip, isolated build with the declared backend): its
+    verbose output carries setuptools' warnings."""
+    import re
+    import subprocess
+
+    text = (ROOT.parent / "pyproject.toml").read_text()
+    assert re.search(r'^license = "Apache-2\.0"$', text, re.M)
+    assert re.search(r'^requires = \["setuptools>=(\d+)"', text, re.M).group(1) >= "77"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-v", "--no-deps", "--dry-run", str(ROOT.parent)],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "from versions: none" in r.stderr:
+        pytest.skip("no package index here for the isolated build's setuptools")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Would install graphmon" in r.stdout
+    assert not re.search(r"Deprecat", r.stdout + r.stderr), re.findall(r".*Deprecat.*", r.stdout + r.stderr)[:3]
