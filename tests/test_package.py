@@ -147,7 +147,7 @@ def test_pyproject_license_is_an_spdx_expression_and_the_build_warns_of_nothing(
 
     text = (ROOT.parent / "pyproject.toml").read_text()
     assert re.search(r'^license = "Apache-2\.0"$', text, re.M)
-    assert re.search(r'^requires = \["setuptools>=(\d+)"', text, re.M).group(1) >= "77"
+    assert int(re.search(r'^requires = \["setuptools>=(\d+)"', text, re.M).group(1)) >= 77
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-v", "--no-deps", "--dry-run", str(ROOT.parent)],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "from versions: none" in r.stderr:
