@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from graphmon.cli_common import (EXIT_USAGE, CliError, _add_log_level, _add_server_flags, _settings_from_args,
-                                 _setup_logging, _warn_if_public)
+                                 _setup_logging, _warn_if_public, log)
 from graphmon.cli_live import _add_attach_flags, _cmd_agent, _cmd_record, _cmd_run, _record_description
 
 PLOT_MAX_GRAPHS = 12
@@ -163,6 +163,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from graphmon.export.exporter import Exporter
     from graphmon.export.limits import bind, make_server
 
+    _setup_logging(args)
     settings = _settings_from_args(args)
     if not (math.isfinite(args.speed) and 0 < args.speed <= 1e6):
         raise CliError(f"--speed must be a number > 0 and <= 1e6 (got {args.speed!r})")
@@ -182,20 +183,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
     _warn_if_public(settings)
-    _setup_logging(args)
     exporter = Exporter(source, settings)
     exporter.start()
-    print(f"graphmon: serving {source.backend} metrics on http://{settings.host}:{sock.getsockname()[1]}/metrics "
-          f"(status: /status, links: /)", file=sys.stderr, flush=True)
+    server = make_server(exporter.app, settings)
+    scheme = "https" if server.graphmon_web.tls is not None else "http"
+    log.info("serving %s metrics on %s://%s:%d/metrics (status: /status, links: /)", source.backend, scheme,
+             settings.host, sock.getsockname()[1])
     # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal; with the default
     # action that kills the process before the finally below (no exporter.stop(), pending window
-    # lost). A handler of our own turns that re-raise into a normal exit.
+    # lost). A handler of our own turns that re-raise into a normal exit. SIGHUP reloads the
+    # token file and web config (it would end the process otherwise).
     def _terminated(signum, frame):
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, lambda signum, frame: server.graphmon_web.reload_and_log())
     try:
-        make_server(exporter.app, settings).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         exporter.stop()
     return 0
@@ -223,8 +227,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from graphmon.buildinfo import VersionAction
 
     p.add_argument("--version", action=VersionAction, help="show graphmon's version and build details, then exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    # Not required=True: argparse would then answer `graphmon --bogus` with "the following arguments
+    # are required: command" instead of naming --bogus; main() asks for the command itself.
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
     full = command not in ("analyze", "serve", "agent", "compare", "ab")  # None (every parser) or run/record
+    server = command in (None, "serve", "agent", "run", "record")  # Settings-made flags: their help needs pydantic
 
     a = sub.add_parser("analyze", help="per-graph, per-stream gap statistics of recorded traces")
     a.add_argument("paths", nargs="+", metavar="PATH", help="graphmon .npz, Kineto .json[.gz], raw CUPTI .npz, or Nsight Systems .sqlite export")
@@ -249,18 +256,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--source", choices=("replay", "cupti"), default="replay",
                     help="replay a recorded trace (default) or collect live with CUPTI in this process")
     sv.add_argument("--speed", type=float, default=1.0, help="replay speed relative to the recorded pace")
-    _add_server_flags(sv)
+    _add_server_flags(sv, "serve", server)
     _add_log_level(sv)
     sv.set_defaults(func=_cmd_serve)
 
     rn = sub.add_parser("run", help="run a command with graphmon attached to its Python processes (GPU host)",
                         description="Without cupti-python, run warns and still serves health metrics "
                         "(record refuses with exit 2: it could record nothing).")
-    _add_attach_flags(rn, full or command == "run")
+    _add_attach_flags(rn, full or command == "run", server)
     rn.set_defaults(func=_cmd_run)
 
     ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
-    _add_server_flags(ag, replay=False)
+    _add_server_flags(ag, "agent", server)
     _add_log_level(ag)
     ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (env GRAPHMON_AGENT; "
                     "default: a private temporary directory). Its directory must exist: a volume shared with the engine")
@@ -277,7 +284,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         description=_record_description() if full else None)
     rc.add_argument("-o", "--output", required=True, help="graphmon native trace file to write (.graphmon.npz)")
     rc.add_argument("--windows", type=int, default=1, help="windows to record, then stop sampling (0 = until exit)")
-    _add_attach_flags(rc, full or command == "record")
+    _add_attach_flags(rc, full or command == "record", server)
     rc.set_defaults(func=_cmd_record)
 
     cp = sub.add_parser("compare", help="flag gap regressions between two traces: per stream and per boundary "
@@ -343,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("a command is required: " + ", ".join(parser._subparsers._group_actions[0].choices))
     try:
         return int(args.func(args) or 0)
     except Exception as e:

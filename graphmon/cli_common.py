@@ -1,12 +1,33 @@
-"""What every graphmon subcommand shares: the one-line user error, server and log flags, settings."""
+"""What every graphmon subcommand shares: the one-line user error, server and log flags, settings.
+
+The server flags are made from graphmon.settings.Settings (its fields, types, defaults and
+descriptions): every setting of ``serve``, ``agent``, ``run`` and ``record`` is a flag, named in
+``--help`` with its GRAPHMON_* variable, and a flag and its variable can never disagree.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
+import os
+
+from graphmon.logs import LOG_FORMATS, LOG_LEVELS
 
 EXIT_USAGE = 2
-LOG_LEVELS = ("debug", "info", "warning", "error")
+log = logging.getLogger("graphmon")
+
+# Settings fields that are flags, per kind of command (rank and the nested CUPTI settings are not:
+# the rank comes from the launcher, CUPTI knobs are run/record's own flags).
+_HTTP_FIELDS = ("host", "port", "token", "token_file", "web_config_file", "protect_status", "max_graphs",
+                "max_streams", "max_devices", "max_label_length", "stale_after_s", "cardinality", "trace_store_count",
+                "trace_store_bytes", "max_capture_replays", "max_capture_ms", "max_connections", "header_timeout_s",
+                "keep_alive_timeout_s", "max_trace_downloads", "trace_cache_bytes")
+SERVER_FIELDS = {
+    "serve": _HTTP_FIELDS + ("window_interval_s", "replays_per_window"),
+    "agent": _HTTP_FIELDS + ("expect_processes",),  # agent, run and record
+}
+# Flags named as other exporters name them (node_exporter's --web.config.file), besides graphmon's own spelling.
+FLAG_NAMES = {"web_config_file": ("--web.config.file", "--web-config-file")}
 
 
 class CliError(Exception):
@@ -18,50 +39,88 @@ def _settings_from_args(args: argparse.Namespace):
 
     from graphmon.settings import Settings
 
-    over = {k: v for k, v in {
-        "host": args.host, "port": args.port, "token": args.token,
-        "window_interval_s": getattr(args, "window_interval_s", None), "max_graphs": args.max_graphs, "max_streams": args.max_streams,
-        "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
-    }.items() if v is not None}
+    over = {k: v for k in Settings.model_fields if (v := getattr(args, k, None)) is not None}
     try:
-        return Settings(**over)
+        settings = Settings(**over)
     except ValidationError as e:
         first = e.errors()[0]
-        raise CliError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        name = ".".join(map(str, first["loc"]))
+        if name in Settings.model_fields:  # where the value came from: the flag, else the variable
+            env = f"GRAPHMON_{name.upper()}"
+            name = ("/".join(FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),))[:1]) if name in over
+                    else f"{env}={os.environ.get(env, '')!r}" if env in os.environ else name)
+        why = first["msg"].removeprefix("Value error, ")
+        raise CliError(f"bad setting {name}: {why}" if name else f"bad settings: {why}") from None
+    if settings.web_config_file is not None:  # checked before anything starts: one line, exit 2
+        from graphmon.export.webconfig import WebConfigError, load_web_config
+
+        try:
+            load_web_config(settings.web_config_file)
+        except WebConfigError as e:
+            raise CliError(str(e)) from None
+    return settings
 
 
 def _warn_if_public(settings) -> None:
-    if settings.is_public and settings.token is None:
-        print("graphmon: warning: listening on a non-loopback address without GRAPHMON_TOKEN; "
-              "POST /capture and GET /trace are refused until a token is set", file=sys.stderr)
+    if settings.is_public and settings.token is None and not _has_basic_auth(settings):
+        log.warning("listening on a non-loopback address without GRAPHMON_TOKEN; POST /capture and GET /trace are "
+                    "refused until a token (or basic auth in --web.config.file) is set")
 
 
-def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
-    p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
-    p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
-    p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
-    if replay:
-        p.add_argument("--cardinality", choices=("full", "low"),
-                       help="low: no histogram buckets, quantile summaries only (env GRAPHMON_CARDINALITY)")
-        p.add_argument("--stale-after-s", type=float,
-                       help="drop series of graphs not sampled this long (default 600; env GRAPHMON_STALE_AFTER_S)")
-        p.add_argument("--window-interval-s", type=float,
-                       help="seconds between replayed windows (env GRAPHMON_WINDOW_INTERVAL_S)")
-    p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")
-    p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
+def _has_basic_auth(settings) -> bool:
+    from graphmon.export.webconfig import load_web_config
+
+    return settings.web_config_file is not None and bool(load_web_config(settings.web_config_file).basic_auth_users)
+
+
+def _fmt_default(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _add_server_flags(p: argparse.ArgumentParser, kind: str = "serve", full: bool = True) -> None:
+    """The Settings fields of ``kind`` ("serve" or "agent") as flags. ``full=False``: only their
+    names, without help (the parser of another subcommand: its help needs pydantic, ~130 ms of
+    imports that analyze and compare never use)."""
+    from typing import Literal, Union, get_args, get_origin
+
+    if not full:
+        for name in SERVER_FIELDS[kind]:
+            p.add_argument(*FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),)), dest=name)
+        return
+    from graphmon.settings import Settings
+
+    for name in SERVER_FIELDS[kind]:
+        f = Settings.model_fields[name]
+        ann = f.annotation
+        typ = next(a for a in get_args(ann) if a is not type(None)) if get_origin(ann) is Union else ann  # Optional[X]
+        default = "" if f.default is None else f"default {_fmt_default(f.default)}; "
+        kw: dict = {"help": f"{f.description} ({default}env GRAPHMON_{name.upper()})".replace("%", "%%")}
+        if get_origin(typ) is Literal:
+            kw["choices"] = get_args(typ)
+        elif typ is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = typ
+            kw["metavar"] = {int: "N", float: "X"}.get(typ, "FILE" if name.endswith("_file") else None)
+        p.add_argument(*FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),)), dest=name, **kw)
 
 
 def _add_log_level(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower,
                    help="graphmon's log level on stderr (default info; env GRAPHMON_LOG_LEVEL)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, type=str.lower,
+                   help="log lines as text (default), json (one object a line) or logfmt (env GRAPHMON_LOG_FORMAT)")
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    import logging
-    import os
+    from graphmon import logs
 
-    level = (getattr(args, "log_level", None) or os.environ.get("GRAPHMON_LOG_LEVEL") or "info").lower()
-    if level not in LOG_LEVELS:
-        raise CliError(f"GRAPHMON_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (got {level!r})")
-    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger().setLevel(getattr(logging, level.upper()))
+    try:
+        level, fmt = logs.resolve(getattr(args, "log_level", None), getattr(args, "log_format", None))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    logs.setup(level, fmt)

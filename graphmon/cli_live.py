@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from graphmon.cli_common import CliError, _add_log_level, _add_server_flags, _settings_from_args, _setup_logging, _warn_if_public
+from graphmon.cli_common import (SERVER_FIELDS, CliError, _add_log_level, _add_server_flags, _settings_from_args,
+                                 _setup_logging, _warn_if_public, log)
 
 ATTACH_COMMANDS = ("run", "record")  # their CUPTI flags' help comes from graphmon.settings (pydantic)
 
 
 def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
-    keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "max_traced_share", "max_interval_s",
-            "window_launches", "window_duration_ms", "max_drain_ms", "close", "buffer_size_bytes", "max_buffers",
-            "max_window_records")
+    keys = SERVER_FIELDS["agent"] + (
+        "interval_s", "max_traced_share", "max_interval_s", "window_launches", "window_duration_ms", "max_drain_ms",
+        "close", "buffer_size_bytes", "max_buffers", "max_window_records")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
@@ -35,14 +35,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from graphmon.host.launch import cupti_problem, run_command
 
     argv = _command_argv(args)
-    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
     _setup_logging(args)
+    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
 
     def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
         _warn_if_public(settings)
         problem = cupti_problem()
         if problem:  # the agent still serves /metrics and /healthz: warn, do not refuse
-            print(f"graphmon: warning: {problem}; no kernel timings will be collected", file=sys.stderr)
+            log.warning("%s; no kernel timings will be collected", problem)
 
     return run_command(argv, _attach_settings(args), ready=warn)
 
@@ -67,8 +67,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from graphmon.host.link import AGENT_ENV
     from graphmon.sources.remote import PeerPolicy
 
-    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
     _setup_logging(args)
+    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
     try:
         peers = PeerPolicy.from_env(uids=",".join(args.allow_uid) if args.allow_uid else None,
                                     gids=",".join(args.allow_gid) if args.allow_gid else None)
@@ -90,10 +90,10 @@ def _record_description() -> str:
             "holds those it sent); each case names the processes and their last state.")
 
 
-def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True) -> None:
+def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True, server_flags: bool = True) -> None:
     """run/record flags. ``cupti_flags=False``: the server flags and the command only (the parser
     of another subcommand: its CUPTI flags are never parsed, so their help is not built)."""
-    _add_server_flags(p, replay=False)
+    _add_server_flags(p, "agent", server_flags)
     _add_log_level(p)
     if not cupti_flags:
         p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")

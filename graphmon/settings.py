@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,6 +24,26 @@ def local_rank() -> int:
         if v.isdigit():
             return int(v)
     return 0
+
+
+# What Kubernetes injects for a Service named "graphmon" in the pod's namespace (service links,
+# on by default): GRAPHMON_PORT=tcp://10.0.0.1:9479. Never a port setting: ignored, with a warning.
+SERVICE_LINK = re.compile(r"(tcp|udp|sctp)://[^\s/]+:\d+")
+_warned_service_link = False
+
+
+def _service_link_port(value):
+    """GRAPHMON_PORT in the shape of a Kubernetes service link -> None (the default port)."""
+    global _warned_service_link
+    if isinstance(value, str) and SERVICE_LINK.fullmatch(value.strip()):
+        if not _warned_service_link:
+            _warned_service_link = True
+            logging.getLogger("graphmon").warning(
+                "GRAPHMON_PORT=%s is the variable Kubernetes injects for a Service named graphmon (service links), not "
+                "a port: ignored, listening on the default port; set --port, or enableServiceLinks: false in the pod",
+                value.strip())
+        return None
+    return value
 
 
 class CuptiSettings(BaseSettings):
@@ -79,16 +101,28 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRAPHMON_", extra="forbid")
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
-    port: int = Field(9479, ge=0, le=65535, description="base port; attach() adds LOCAL_RANK")
+    port: int = Field(9479, ge=0, le=65535, description="HTTP port (an in-process attach() adds LOCAL_RANK)")
     token: Optional[str] = Field(None, repr=False,  # kept out of repr(): settings end up in logs and tracebacks
-                                 description="bearer token required by POST /capture")
+                                 description="bearer token for POST /capture, GET /trace and POST/DELETE /baseline "
+                                             "(a command line is visible in ps: prefer the token file)")
+    token_file: Optional[str] = Field(None, description="file holding the bearer token, e.g. a mounted Kubernetes "
+                                      "Secret (read at start and on SIGHUP; surrounding whitespace is dropped)")
+    web_config_file: Optional[str] = Field(None, description="web configuration file in the Prometheus exporter-toolkit "
+                                           "format: TLS (tls_server_config) and basic auth (basic_auth_users, bcrypt "
+                                           "hashes) for every endpoint but /healthz (docs/deployment.md)")
+    protect_status: bool = Field(False, description="also require the token or a basic-auth user for /status, /graphs "
+                                 "and GET /baseline (they show pids, host names, graph names and the configuration)")
+    expect_processes: bool = Field(True, description="the agent expects a graph-replaying process to attach "
+                                   "(graphmon_agent_expects_processes; GraphmonNoProcessAttached pages only then): "
+                                   "false for a DaemonSet agent on nodes that may serve no engine")
     rank: str = Field(default_factory=_default_rank, description="the 'rank' label")
     max_graphs: int = Field(64, ge=1, description="series cap: graphs per device before folding into 'other'")
     max_streams: int = Field(16, ge=1, description="series cap: streams per graph before folding into 'other'")
     trace_store_count: int = Field(16, ge=0, description="windows kept for GET /trace/{id}")
     trace_store_bytes: int = Field(256 * 2**20, ge=0, description="bytes of windows kept for GET /trace/{id}")
-    max_capture_replays: int = Field(10_000, ge=1)
-    max_capture_ms: float = Field(10_000.0, gt=0, allow_inf_nan=False)
+    max_capture_replays: int = Field(10_000, ge=1, description="largest replays bound POST /capture accepts")
+    max_capture_ms: float = Field(10_000.0, gt=0, allow_inf_nan=False,
+                                  description="largest duration_ms POST /capture accepts")
     # Replay source (demo / recorded traces)
     window_interval_s: float = Field(1.0, gt=0, le=86_400, allow_inf_nan=False, description="seconds between windows")
     replays_per_window: int = Field(20, ge=1, description="replays per graph in one replayed window")
@@ -105,11 +139,54 @@ class Settings(BaseSettings):
     trace_cache_bytes: int = Field(64 * 2**20, ge=0, description="rendered /trace bodies kept (shared by downloads)")
     cupti: CuptiSettings = Field(default_factory=CuptiSettings, description="live CUPTI sampling")
 
-    @field_validator("token")
+    @field_validator("token", "token_file", "web_config_file")
     @classmethod
-    def _empty_token_is_none(cls, v: Optional[str]) -> Optional[str]:
+    def _empty_is_none(cls, v: Optional[str]) -> Optional[str]:
         return v or None
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_a_service_link(cls, v):
+        got = _service_link_port(v)
+        return 9479 if got is None else got
+
+    @model_validator(mode="after")
+    def _read_token_file(self):
+        if self.token_file is not None:
+            if self.token is not None:
+                raise ValueError("give the token once: GRAPHMON_TOKEN (--token) or GRAPHMON_TOKEN_FILE (--token-file)")
+            self.token = read_token_file(self.token_file)
+        return self
+
+    def reload_token(self) -> bool:
+        """Read token_file again (SIGHUP); True when the token changed. Raises ValueError."""
+        if self.token_file is None:
+            return False
+        new = read_token_file(self.token_file)
+        changed, self.token = new != self.token, new
+        return changed
 
     @property
     def is_public(self) -> bool:
         return self.host not in ("127.0.0.1", "localhost", "::1")
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` (a Secret's file ends with a newline or not: whitespace is dropped).
+    ValueError with the reason when it cannot be used."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(4097)
+    except OSError as e:
+        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
+    if len(raw) > 4096:
+        raise ValueError(f"token file {path} is over 4096 bytes: not a token")
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"token file {path} is not UTF-8 text") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if any(c.isspace() for c in token):
+        raise ValueError(f"token file {path} holds whitespace inside the token (a bearer token is one word)")
+    return token

@@ -291,3 +291,57 @@ class AgentClient:
 
     def close(self):
         self.s.close()
+
+
+def make_pki(folder):
+    """A throwaway CA, a server certificate for 127.0.0.1/localhost and a client certificate it
+    signed, as PEM files in ``folder`` (the `cryptography` package): {"ca", "cert", "key",
+    "client_cert", "client_key"} -> path."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def cert(subject, key, issuer, issuer_key, *, ca=False, san=None, usage=None):
+        b = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer)).public_key(key.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            b = b.add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                              content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                              key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            b = b.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        else:
+            b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                                critical=False)
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        if usage:
+            b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    def write(stem, obj):
+        path = folder / stem
+        if isinstance(obj, x509.Certificate):
+            path.write_bytes(obj.public_bytes(serialization.Encoding.PEM))
+        else:
+            path.write_bytes(obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+        return str(path)
+
+    ca_key, key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca = cert("graphmon test CA", ca_key, "graphmon test CA", ca_key, ca=True)
+    server = cert("127.0.0.1", key, "graphmon test CA", ca_key, usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                  san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    client = cert("prometheus", client_key, "graphmon test CA", ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    return {"ca": write("ca.pem", ca), "cert": write("server.pem", server), "key": write("server.key", key),
+            "client_cert": write("client.pem", client), "client_key": write("client.key", client_key)}

@@ -228,7 +228,7 @@ def test_run_without_cupti_warns_and_still_runs(tmp_path, monkeypatch, capsys):
     rc = main(["run", "--port", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)"])
     err = capsys.readouterr().err
     assert rc == 3
-    assert [ln for ln in err.splitlines() if "warning" in ln and "cupti-python" in ln] != []
+    assert [ln for ln in err.splitlines() if " graphmon WARNING " in ln and "cupti-python" in ln] != []
 
 
 def test_run_on_a_public_host_without_token_warns_like_serve(tmp_path):
@@ -237,7 +237,7 @@ def test_run_on_a_public_host_without_token_warns_like_serve(tmp_path):
                         sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "without GRAPHMON_TOKEN" in ln]
-    assert len(lines) == 1 and lines[0].startswith("graphmon: warning: listening on a non-loopback address")
+    assert len(lines) == 1 and " graphmon WARNING listening on a non-loopback address" in lines[0]
     r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--host", "0.0.0.0", "--port", "0", "--token",
                         "s3cret", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120,
                        env=env)
@@ -395,3 +395,75 @@ def test_install_hints_name_this_checkout_not_a_package_index(monkeypatch, capsy
     assert f"{sys.executable} -m pip install" in err
     monkeypatch.chdir(root)
     assert install_hint("cupti") == f"{sys.executable} -m pip install '.[cupti]'"
+
+
+# ---------------------------------------------------------------- operations conventions (issue 39)
+def test_an_unknown_top_level_flag_is_named():
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().endswith("graphmon: error: unrecognized arguments: --bogus")
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli"], capture_output=True, text=True)
+    assert r.returncode == 2 and "graphmon: error: a command is required: analyze, serve, run, agent" in r.stderr
+
+
+def test_every_server_setting_is_a_flag_of_serve_agent_and_run_with_its_variable_in_help():
+    from graphmon.cli import build_parser
+    from graphmon.cli_common import SERVER_FIELDS
+    from graphmon.settings import Settings
+
+    # every Settings field is a flag somewhere but the launcher's rank and the nested CUPTI settings
+    # (run/record's own flags, tested above)
+    assert set(SERVER_FIELDS["serve"]) | set(SERVER_FIELDS["agent"]) == set(Settings.model_fields) - {"rank", "cupti"}
+    subs = build_parser()._subparsers._group_actions[0].choices
+    for cmd, kind in (("serve", "serve"), ("agent", "agent"), ("run", "agent"), ("record", "agent")):
+        help_text = " ".join(subs[cmd].format_help().split())
+        dests = {a.dest for a in subs[cmd]._actions}
+        for name in SERVER_FIELDS[kind]:
+            assert name in dests and f"env GRAPHMON_{name.upper()})" in help_text, (cmd, name)
+    args = build_parser("agent").parse_args(["agent", "--cardinality", "low", "--max-devices", "4", "--stale-after-s",
+                                             "30", "--no-expect-processes", "--web.config.file", "w.yml"])
+    assert (args.cardinality, args.max_devices, args.stale_after_s, args.expect_processes,
+            args.web_config_file) == ("low", 4, 30.0, False, "w.yml")
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--help"], capture_output=True, text=True)
+    assert "GRAPHMON_CARDINALITY" in r.stdout and "--web.config.file" in r.stdout
+
+
+@pytest.mark.parametrize("fmt", ["json", "logfmt", "text"])
+def test_log_format_applies_to_every_log_line(fmt):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHMON_")}
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--host", "0.0.0.0", "--port", "0",
+                        "--log-format", fmt, "--", sys.executable, "-c", "pass"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) >= 2  # the agent's line and the public-bind warning, at least
+    for ln in lines:
+        if fmt == "json":
+            doc = json.loads(ln)
+            assert set(doc) >= {"time", "level", "logger", "msg"} and doc["logger"].startswith("graphmon")
+        elif fmt == "logfmt":
+            assert re.match(r'time=\S+Z level=(info|warning) logger=graphmon\S* msg=', ln), ln
+        else:
+            assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} graphmon\S* (INFO|WARNING) ", ln), ln
+    assert any("agent serving http://0.0.0.0:" in ln for ln in lines)
+    assert any("without GRAPHMON_TOKEN" in ln for ln in lines)
+    bad = subprocess.run([sys.executable, "-m", "graphmon.cli", "serve", "--port", "0"], capture_output=True,
+                         text=True, env={**env, "GRAPHMON_LOG_FORMAT": "xml"})
+    assert bad.returncode == 2 and bad.stderr.startswith("graphmon: error: GRAPHMON_LOG_FORMAT must be one of")
+
+
+def test_bad_variables_are_named_and_a_kubernetes_service_link_is_ignored(monkeypatch, caplog):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHMON_")}
+    r = _serve(env={**env, "GRAPHMON_PORT": "nine"})
+    assert r.returncode == 2 and r.stderr.startswith("graphmon: error: bad setting GRAPHMON_PORT='nine': "), r.stderr
+    r = _serve("--max-graphs", "0", env=env)
+    assert r.returncode == 2 and r.stderr.startswith("graphmon: error: bad setting --max-graphs: "), r.stderr
+    # A Service named graphmon makes Kubernetes set GRAPHMON_PORT=tcp://<cluster ip>:<port> in
+    # every pod of its namespace: not a port, so graphmon listens on its default and says why.
+    import graphmon.settings as gs
+
+    monkeypatch.setattr(gs, "_warned_service_link", False)
+    monkeypatch.setenv("GRAPHMON_PORT", "tcp://10.0.0.1:9479")
+    with caplog.at_level("WARNING", logger="graphmon"):
+        assert gs.Settings().port == 9479 and gs.Settings(port=0).port == 0
+    (msg,) = [r.getMessage() for r in caplog.records if "GRAPHMON_PORT" in r.getMessage()]
+    assert "Kubernetes injects for a Service named graphmon" in msg and "enableServiceLinks: false" in msg

@@ -91,6 +91,11 @@ def agent_families(agent: Agent) -> Iterable[Metric]:
                            "processes (dashboards build their variables from it).")
     up.add_metric([], 1)
     yield up
+    expects = GaugeMetricFamily("graphmon_agent_expects_processes", "1 when a graph-replaying process is expected to "
+                                "attach (a sidecar, graphmon run), 0 where none may be (a DaemonSet agent: "
+                                "--no-expect-processes); GraphmonNoProcessAttached pages only at 1.")
+    expects.add_metric([], 1 if agent.settings.expect_processes else 0)
+    yield expects
     labels = build_info({})
     bi = GaugeMetricFamily("graphmon_build_info", "Versions of graphmon and what it runs with (\"\" = unknown).",
                            labels=list(labels))
@@ -269,6 +274,7 @@ def status(agent: Agent) -> dict:
     procs = agent.process_status()
     lst = agent.listener
     return {"version": __version__, "mode": "agent", "socket": agent.socket_path,
+            "expect_processes": agent.settings.expect_processes,
             "up": any(p["state"] == "running" for p in procs), "processes": procs,
             "processes_by_state": agent.state_counts(), "processes_lost_total": agent.lost_total,
             "empty_windows_total": {r: dict(v) for r, v in agent.empty_total.items()},

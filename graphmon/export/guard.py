@@ -3,6 +3,14 @@
 Written as ASGI middleware rather than a FastAPI dependency because FastAPI reads and validates a
 body before dependencies run: a 64 MiB chunked body would be read, then answered 422, before any
 token check.
+
+Who gets in (docs/deployment.md, "Who may use the endpoints"):
+- with basic_auth_users in the web config: every endpoint but /healthz (the probes') needs a
+  basic-auth user or the bearer token (401 with ``WWW-Authenticate: Basic``), and a user may do
+  everything;
+- the protected endpoints (POST /capture, GET /trace, POST/DELETE /baseline; with
+  protect_status also /status, /graphs and GET /baseline) need the token, a user, or, with neither
+  configured, a loopback client on a loopback bind.
 """
 
 from __future__ import annotations
@@ -70,6 +78,9 @@ def _header(scope, name: bytes) -> Optional[bytes]:
     return None
 
 
+AUTH_KEY = "graphmon.auth"  # set in the request's scope by the Guard: "basic:<user>" or "bearer"
+
+
 def authorized(scope, settings, need_token: bool = False) -> Optional[tuple[int, str]]:
     """None when the request may use a protected endpoint, else (status, reason).
 
@@ -78,6 +89,8 @@ def authorized(scope, settings, need_token: bool = False) -> Optional[tuple[int,
     loopback, judged by the request's own client address (right for a mounted app too), and never
     on a public bind. ``need_token``: only a valid token counts (e.g. full paths in /status).
     """
+    if scope.get(AUTH_KEY):
+        return None  # the Guard checked a basic-auth user or the token already
     token = settings.token
     if token is None:
         if need_token:
@@ -86,11 +99,18 @@ def authorized(scope, settings, need_token: bool = False) -> Optional[tuple[int,
         if settings.is_public or not is_loopback(client[0] if client else None):
             return 403, "refused without GRAPHMON_TOKEN except from loopback clients on a loopback bind"
         return None
-    raw = _header(scope, b"authorization") or b""
-    scheme, _, cred = raw.strip().partition(b" ")
-    if scheme.lower() != b"bearer" or not hmac.compare_digest(cred.strip(), token.encode("utf-8")):
+    if not bearer_ok(scope, settings):
         return 401, "missing or wrong bearer token"
     return None
+
+
+def bearer_ok(scope, settings) -> bool:
+    token = settings.token
+    if token is None:
+        return False
+    raw = _header(scope, b"authorization") or b""
+    scheme, _, cred = raw.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(cred.strip(), token.encode("utf-8"))
 
 
 def _route_path(scope) -> str:
@@ -106,9 +126,18 @@ async def _send_json(send, status: int, detail: str, headers: tuple = ()) -> Non
     await send({"type": "http.response.body", "body": body})
 
 
+def _protected(method: str, path: str, protect_status: bool) -> bool:
+    route = path.rstrip("/")
+    if (method == "POST" and route == "/capture") or path.startswith("/trace/") or (
+            method in ("POST", "DELETE") and route == "/baseline"):
+        return True
+    return protect_status and route in ("/status", "/graphs", "/baseline")
+
+
 class Guard:
-    def __init__(self, app, settings, errors: ErrorCounts):
-        self.app, self.settings, self.errors = app, settings, errors
+    def __init__(self, app, settings, errors: ErrorCounts, web=None):
+        """``web``: graphmon.export.webconfig.WebAccess (basic-auth users, response headers)."""
+        self.app, self.settings, self.errors, self.web = app, settings, errors, web
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -120,13 +149,23 @@ class Guard:
             return await _send_json(send, 413, f"request body larger than {MAX_BODY_BYTES} bytes")
         if te is not None and b"chunked" in te.lower() and cl is None and method not in ("GET", "HEAD"):
             return await _send_json(send, 411, "chunked request bodies are not accepted: send Content-Length")
-        route = path.rstrip("/")
-        if ((method == "POST" and route == "/capture") or path.startswith("/trace/")
-                or (method in ("POST", "DELETE") and route == "/baseline")):
+        web = self.web
+        basic = web.basic if web is not None else None
+        extra = web.headers if web is not None else []
+        if basic is not None and path.rstrip("/") != "/healthz":
+            user = await basic.check(_header(scope, b"authorization"))
+            if user is not None:
+                scope[AUTH_KEY] = "basic:" + user
+            elif bearer_ok(scope, self.settings):
+                scope[AUTH_KEY] = "bearer"
+            else:
+                return await _send_json(send, 401, "basic authentication required",
+                                        ((b"www-authenticate", b'Basic realm="graphmon", charset="UTF-8"'), *extra))
+        if _protected(method, path, self.settings.protect_status):
             refused = authorized(scope, self.settings)
             if refused is not None:
                 hdr = ((b"www-authenticate", b"Bearer"),) if refused[0] == 401 else ()
-                return await _send_json(send, refused[0], refused[1], hdr)
+                return await _send_json(send, refused[0], refused[1], (*hdr, *extra))
         started = False
         received = 0
 
@@ -142,6 +181,8 @@ class Guard:
             nonlocal started
             if msg["type"] == "http.response.start":
                 started = True
+                if extra:  # http_server_config.headers of the web config
+                    msg = {**msg, "headers": [*msg.get("headers", ()), *extra]}
             await send(msg)
 
         try:

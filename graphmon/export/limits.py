@@ -164,17 +164,25 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(app, settings, stats: ConnectionStats | None = None):
-    """A uvicorn.Server for ``app`` with graphmon's limits (see the module docstring)."""
+    """A uvicorn.Server for ``app`` with graphmon's limits (see the module docstring), and TLS when
+    the app's web config (``app.state.web``, graphmon.export.webconfig) has tls_server_config.
+    uvicorn configures no logging of its own (log_config=None): its records go to the root
+    handler graphmon.logs installs, in the one log format."""
     import uvicorn
 
+    web = getattr(getattr(app, "state", None), "web", None)
     cfg = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                         lifespan="off", timeout_keep_alive=settings.keep_alive_timeout_s,
-                         h11_max_incomplete_event_size=HEADER_LIMIT_BYTES, server_header=False)
-    cfg.load()  # resolves "auto" to the protocol class uvicorn would use
+                         log_config=None, lifespan="off", timeout_keep_alive=settings.keep_alive_timeout_s,
+                         h11_max_incomplete_event_size=HEADER_LIMIT_BYTES, server_header=False,
+                         **(web.uvicorn_options() if web is not None else {}))
+    cfg.load()  # resolves "auto" to the protocol class uvicorn would use; makes the SSL context
+    if web is not None:
+        web.attach_ssl(cfg.ssl)
     stats = stats or ConnectionStats()
     cfg.http_protocol_class = limited_protocol(cfg.http_protocol_class, connection_cap(settings.max_connections),
                                                settings.header_timeout_s, stats)
     install_log_limits()
     server = uvicorn.Server(cfg)
     server.graphmon_stats = stats
+    server.graphmon_web = web
     return server

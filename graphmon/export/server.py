@@ -124,7 +124,10 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads, boundaries_extra)
     app.state.renderer, app.state.errors, app.state.traces = renderer, errors, traces
     app.state.baseline = baseline
-    app.add_middleware(Guard, settings=settings, errors=errors)
+    from graphmon.export.webconfig import WebAccess
+
+    web = app.state.web = WebAccess(settings)  # basic auth, headers and TLS of --web.config.file (make_server)
+    app.add_middleware(Guard, settings=settings, errors=errors, web=web)
     status_cache: list = [(), []]  # (snapshots, graphs) of the last /status: formatted once per snapshot
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -176,6 +179,11 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
         }
         return doc
 
+    # HEAD as well as GET where a probe or a load balancer may ask: 200 with the GET's headers and
+    # no body (uvicorn drops it); out of the OpenAPI schema, which would list each operation twice
+    for path, fn in (("/", landing), ("/metrics", metrics), ("/healthz", healthz)):
+        app.add_api_route(path, fn, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/status", summary="Collector state and per-graph, per-stream gap summary")
     def status(request: Request) -> dict:
         snaps = tuple(snapshots())
@@ -190,6 +198,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
         doc["http_errors_total"] = errors.snapshot()
         doc["config"] = {  # no secrets: the token is reported as set/unset only
             "host": settings.host, "port": settings.port, "token_set": settings.token is not None,
+            "tls": web.tls is not None, "basic_auth": web.basic is not None, "protect_status": settings.protect_status,
             "max_graphs": settings.max_graphs, "max_streams": settings.max_streams,
             "max_devices": settings.max_devices, "cardinality": settings.cardinality,
             "trace_store_count": settings.trace_store_count, "window_interval_s": settings.window_interval_s,

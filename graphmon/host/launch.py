@@ -14,6 +14,7 @@ Never a whole site-packages.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ from graphmon.host.attach import AGENT_ENV, ATTACH_ENV, Recorder, source_keys
 
 HOOK_FALLBACK_ENV = "GRAPHMON_HOOK_FALLBACK"
 COLLECTOR_DISTS = ("numpy", "pydantic-settings", "cupti-python")  # what the light collector imports beyond the stdlib
-AGENT_KEYS = ("host", "port", "token", "max_graphs", "max_streams", "trace_store_count", "trace_store_bytes")
+log = logging.getLogger("graphmon")
 
 
 def _dist_links(dist_name: str, seen: set) -> dict[str, str]:
@@ -110,8 +111,12 @@ def cupti_problem() -> Optional[str]:
 
 
 def _split(settings: Optional[dict]) -> tuple[dict, dict]:
+    """(the agent's Settings fields, the processes' CUPTI settings) of run/record/agent's flags."""
+    from graphmon.settings import Settings
+
     s = dict(settings or {})
-    return {k: s[k] for k in AGENT_KEYS if k in s}, {k: v for k, v in s.items() if k in source_keys()}
+    agent_keys = set(Settings.model_fields) - {"cupti"}
+    return {k: v for k, v in s.items() if k in agent_keys}, {k: v for k, v in s.items() if k in source_keys()}
 
 
 class AgentStartError(RuntimeError):
@@ -157,8 +162,8 @@ def run_command(argv: Sequence[str], settings: Optional[dict] = None, *, recorde
     hook = HookDir()
     try:
         if server is not None:
-            print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics for the processes of "
-                  f"{argv[0]} (socket {agent.socket_path})", file=sys.stderr, flush=True)
+            log.info("agent serving %s://%s:%d/metrics for the processes of %s (socket %s)", _scheme(server),
+                     agent.settings.host, port, argv[0], agent.socket_path)
         if ready is not None:
             ready(agent, port)
         try:
@@ -166,7 +171,7 @@ def run_command(argv: Sequence[str], settings: Optional[dict] = None, *, recorde
         except FileNotFoundError:
             print(f"graphmon run: command not found: {argv[0]}", file=sys.stderr)
             return 127
-        return _supervise(proc)
+        return _supervise(proc, server)
     finally:
         hook.cleanup()
         if server is not None:
@@ -178,7 +183,23 @@ def run_command(argv: Sequence[str], settings: Optional[dict] = None, *, recorde
             agent.stop()
 
 
-def _supervise(proc: subprocess.Popen) -> int:
+def _scheme(server) -> str:
+    web = getattr(server, "graphmon_web", None)
+    return "https" if web is not None and web.tls is not None else "http"
+
+
+def _reload(server) -> None:
+    """SIGHUP: the token file and web config are read again (graphmon.export.webconfig)."""
+    web = getattr(server, "graphmon_web", None)
+    if web is not None:
+        web.reload_and_log()
+    else:
+        log.info("SIGHUP: nothing to reload (no HTTP server); graphmon keeps running")
+
+
+def _supervise(proc: subprocess.Popen, server=None) -> int:
+    """Wait for the command; SIGINT and SIGTERM are forwarded to it, SIGHUP too (a supervisor's
+    reload request is the command's), and the agent reloads its token file and web config."""
     old = {}
 
     def forward(signum, frame):
@@ -186,8 +207,10 @@ def _supervise(proc: subprocess.Popen) -> int:
             proc.send_signal(signum)
         except Exception:
             pass
+        if signum == signal.SIGHUP:
+            _reload(server)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
             old[sig] = signal.signal(sig, forward)
         except ValueError:  # not the main thread
@@ -344,8 +367,11 @@ def agent_command(settings: Optional[dict] = None, socket_path: Optional[str] = 
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that says it is ready
         signal.signal(sig, lambda *_: done.set())
-    print(f"graphmon: agent serving http://{agent.settings.host}:{port}/metrics; processes attach with "
-          f"{AGENT_ENV}={agent.socket_path} (allowed: {agent.listener.peers.describe()})", file=sys.stderr, flush=True)
+    # SIGHUP (a terminal gone, a supervisor's reload) would end the agent and leave its socket:
+    # it reloads the token file and web config instead.
+    signal.signal(signal.SIGHUP, lambda *_: _reload(server))
+    log.info("agent serving %s://%s:%d/metrics; processes attach with %s=%s (allowed: %s)", _scheme(server),
+             agent.settings.host, port, AGENT_ENV, agent.socket_path, agent.listener.peers.describe())
     try:
         done.wait()
     finally:

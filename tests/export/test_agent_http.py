@@ -229,3 +229,20 @@ def test_agent_level_collectors_are_rendered_at_every_render(agent):
     value[0] = 2.0  # no rank changed: the next render shows it anyway
     m.render([TEXT])
     assert "graphmon_test_verdict 2.0" in m.body(TEXT).decode()
+
+
+def test_head_metrics_and_healthz_answer_200_with_headers_and_no_body(agent):
+    """A load balancer or probe that asks HEAD gets the GET's status and headers (uvicorn drops
+    the body), not 405."""
+    server, thread, port = serve_background(agent, "127.0.0.1", 0)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            for path, ctype in (("/metrics", "text/plain"), ("/healthz", "application/json"), ("/", "text/html")):
+                r = http.head(path)
+                assert r.status_code == 200 and r.content == b"" and r.headers["content-type"].startswith(ctype), path
+                assert int(r.headers["content-length"]) > 0
+            assert http.head("/metrics", headers={"accept-encoding": "gzip"}).headers["content-encoding"] == "gzip"
+            assert "head" not in str(http.get("/openapi.json").json()["paths"]["/metrics"]).lower()
+    finally:
+        server.should_exit = True
+        thread.join(5)

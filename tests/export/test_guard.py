@@ -97,3 +97,22 @@ def test_landing_page_no_swagger_and_honest_openapi():
     spec = c.get("/openapi.json").json()
     content = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert "application/json" not in content and "text/plain; version=0.0.4; charset=utf-8" in content
+
+
+def test_protect_status_puts_status_graphs_and_baseline_behind_the_token():
+    """/status shows pids, host names and the configuration: --protect-status asks for the token
+    there too (or a loopback client when no token is set), while /metrics and /healthz stay open."""
+    ex, c = make(token="t0k", protect_status=True, client=REMOTE)
+    for path in ("/status", "/graphs", "/baseline"):
+        r = c.get(path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
+        assert c.get(path, headers={"Authorization": "Bearer t0k"}).status_code == 200, path
+    assert c.get("/status", headers={"Authorization": "Bearer t0k"}).json()["config"]["protect_status"] is True
+    for path in ("/metrics", "/healthz", "/"):
+        assert c.get(path).status_code == 200, path
+    ex, c = make(protect_status=True, client=REMOTE)  # no token: remote clients are refused
+    assert c.get("/status").status_code == 403
+    ex, c = make(protect_status=True, client=LOCAL)  # ... loopback ones on a loopback bind are not
+    assert c.get("/status").status_code == 200
+    ex, c = make(client=REMOTE)  # without the option /status stays open (paths reduced to base names)
+    assert c.get("/status").status_code == 200

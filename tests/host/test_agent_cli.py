@@ -62,7 +62,7 @@ def test_standalone_agent_serves_an_in_code_attach(tmp_path):
 def test_agent_bad_flag_is_one_line_exit_2():
     r = subprocess.run([sys.executable, "-m", "graphmon.cli", "agent", "--port", "70000"], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert r.returncode == 2 and r.stderr.startswith("graphmon: error: bad setting port")
+    assert r.returncode == 2 and r.stderr.startswith("graphmon: error: bad setting --port: ")
 
 
 def test_run_on_a_taken_port_is_one_line_exit_2():
@@ -129,3 +129,49 @@ def test_agent_socket_errors_are_one_line_exit_2(tmp_path):
                            text=True, timeout=60, env=_agent_env(**env))
         assert r.returncode == 2 and r.stderr.startswith(expected) and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not missing.exists()
+
+
+def test_sighup_keeps_the_agent_and_reloads_its_token_file_and_sigterm_removes_the_socket(tmp_path):
+    """SIGHUP (a closed terminal, a supervisor's reload) used to end the agent with its socket left
+    behind; it reloads the token file and web config, logs it, and the agent keeps serving."""
+    sock, token = tmp_path / "agent.sock", tmp_path / "token"
+    token.write_text("first\n")
+    agent = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", str(sock),
+                              "--token-file", str(token), "--cardinality", "low", "--max-devices", "4",
+                              "--no-expect-processes", "--log-format", "logfmt"],
+                             stderr=subprocess.PIPE, text=True, env=_agent_env())
+    try:
+        line = agent.stderr.readline()
+        assert line.startswith("time=") and " level=info logger=graphmon " in line, line
+        url = "http://127.0.0.1:" + re.search(r":(\d+)/metrics", line).group(1)
+        status = httpx.get(url + "/status", timeout=5).json()
+        assert (status["config"]["cardinality"], status["config"]["max_devices"], status["expect_processes"]) == \
+            ("low", 4, False)
+        assert re.search(r"^graphmon_agent_expects_processes 0\.0$", httpx.get(url + "/metrics", timeout=5).text, re.M)
+
+        def trace(tok):  # a protected endpoint: 401 without the right token, 404 (no such window) with it
+            return httpx.get(url + "/trace/x", headers={"Authorization": f"Bearer {tok}"}, timeout=5).status_code
+
+        assert (trace("first"), trace("second")) == (404, 401)
+        token.write_text("second")
+        agent.send_signal(signal.SIGHUP)
+        assert "SIGHUP: reloaded the token file and web config (token)" in agent.stderr.readline()
+        assert agent.poll() is None and httpx.get(url + "/healthz", timeout=5).status_code == 200
+        assert (trace("first"), trace("second")) == (401, 404)
+        assert sock.exists()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0 and not sock.exists()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+
+def test_a_bad_web_config_is_one_line_exit_2(tmp_path):
+    cfg = tmp_path / "web.yml"
+    cfg.write_text("basic_auth_users:\n  alice: hunter2\n")
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket",
+                        str(tmp_path / "a.sock"), "--web.config.file", str(cfg)], capture_output=True, text=True,
+                       timeout=60, env=_agent_env())
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"graphmon: error: web config {cfg}: basic_auth_users: ")
+    assert "must be a bcrypt hash" in r.stderr and not (tmp_path / "a.sock").exists()

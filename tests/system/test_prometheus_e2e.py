@@ -54,7 +54,7 @@ AGENT_ONLY_METRICS = {
     # the deploy verdict compares processes of a rank: tests/system/test_deploy_e2e.py checks them
     "graphmon_deploy_regression", "graphmon_deploy_stream_regression", "graphmon_deploy_gap_shift_seconds",
     "graphmon_deploy_gap_added_seconds", "graphmon_deploy_reference_age_seconds",
-    "graphmon_agent_up", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
+    "graphmon_agent_up", "graphmon_agent_expects_processes", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
     "graphmon_agent_windows_dropped_total", "graphmon_link_windows_dropped_total", "graphmon_link_reconnects_total",
 }
 # Labels only Kubernetes service discovery adds (PodMonitor): absent from this stack's targets.
@@ -325,3 +325,56 @@ def test_two_instances_never_merge(stack):
     result = prom.query(expand(expr, variable_names(MODELS["graphmon-health.json"])))
     assert sorted((s["metric"]["instance"] != "", s["metric"]["rank"]) for s in result) == [(True, "0"), (True, "1")]
     assert len({s["metric"]["instance"] for s in result}) == 2
+
+
+def test_prometheus_scrapes_a_tls_and_basic_auth_target(tmp_path):
+    """`graphmon serve --web.config.file` with TLS and a bcrypt user, scraped by a real Prometheus
+    as node_exporter is (scheme https, the CA, basic_auth); a job with a wrong password is down."""
+    import bcrypt
+
+    from helpers import make_pki
+
+    prometheus = require_binary("prometheus")
+    pki = make_pki(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki['cert']}\n  key_file: {pki['key']}\nbasic_auth_users:\n"
+                   f"  prometheus: '{bcrypt.hashpw(b'scrape-me', bcrypt.gensalt(rounds=4)).decode()}'\n")
+    (tmp_path / "pw").write_text("scrape-me")
+    (tmp_path / "bad").write_text("nope")
+    port, prom_port = _free_port(), _free_port()
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    procs = []
+    try:
+        glog = tmp_path / "graphmon.log"
+        procs.append(subprocess.Popen([sys.executable, "-m", "graphmon.cli", "serve", "--port", str(port),
+                                       "--window-interval-s", "0.2", "--web.config.file", str(web)],
+                                      stdout=glog.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path))
+        while "serving" not in glog.read_text():
+            assert procs[0].poll() is None and time.monotonic() < deadline, glog.read_text()
+            time.sleep(0.1)
+        job = {"scheme": "https", "tls_config": {"ca_file": pki["ca"]},
+               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        config = {"global": {"scrape_interval": f"{SCRAPE_S}s"}, "scrape_configs": [
+            {"job_name": "graphmon-tls", **job, "basic_auth": {"username": "prometheus", "password_file": str(tmp_path / "pw")}},
+            {"job_name": "graphmon-wrong-password", **job,
+             "basic_auth": {"username": "prometheus", "password_file": str(tmp_path / "bad")}}]}
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        plog = tmp_path / "prometheus.log"
+        procs.append(subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=plog.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path))
+        base = f"http://127.0.0.1:{prom_port}"
+        _wait_http(base + "/-/ready", procs[-1], plog, deadline)
+        prom = Prom(base)
+        while True:
+            health = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in prom.get("/api/v1/targets")["activeTargets"]}
+            if health.get("graphmon-tls", ("",))[0] == "up" and health.get("graphmon-wrong-password", ("",))[0] == "down":
+                break
+            assert time.monotonic() < deadline, f"targets: {health}\n{plog.read_text()[-2000:]}"
+            time.sleep(0.3)
+        assert "401" in health["graphmon-wrong-password"][1]
+        assert prom.query('graphmon_up{job="graphmon-tls"}') and not prom.query('graphmon_up{job="graphmon-wrong-password"}')
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
