@@ -73,6 +73,7 @@ OTHER_SAMPLES = {
     "graphmon_deploy_computations_total",
     # The agent's own (issues 28 item 2, 31): liveness from the start, what it refused or dropped.
     "graphmon_agent_up",
+    "graphmon_agent_expects_processes",
     "graphmon_agent_connections_rejected_total",
     "graphmon_agent_frames_rejected_total",
     "graphmon_agent_windows_dropped_total",

@@ -113,6 +113,8 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
         ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
         ("GraphmonNoProcessAttached", 'state!~"stopped|lost"', 'state="running"',
          "a process blocked by a profiler pages as no process"),
+        ("GraphmonNoProcessAttached", "graphmon_agent_expects_processes == 0", "graphmon_agent_expects_processes == 2",
+         "a DaemonSet agent on a node that serves no engine pages"),
     ],
 )
 def test_weakened_rules_fail_their_tests(tmp_path, alertname, old, new, why):

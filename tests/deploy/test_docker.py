@@ -13,6 +13,7 @@ import glob
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,13 @@ def test_agent_image_is_graph_free_and_runs_the_agent():
     assert not re.search(r"cupti|torch|nvidia/cuda|\[cupti\]", " ".join(a for op, a in instructions if op in ("RUN", "FROM", "ARG")))
     # graphmon is installed from the checkout into a venv (it is not on PyPI).
     run = " ".join(a for op, a in instructions if op == "RUN")
-    assert "python3 -m venv /opt/graphmon" in run and "/opt/graphmon/bin/pip install ." in run
+    assert "python3 -m venv /opt/graphmon" in run and "/opt/graphmon/bin/pip install '.[web]'" in run
+    # setup.py (the native CUPTI-buffer decode) is in the build, a compiler too, and the build fails
+    # unless the decode is the native one
+    copied = " ".join(a for op, a in instructions if op == "COPY")
+    assert "setup.py" in copied and "gcc" in run and "grep -Eq '^ +decode: +native$'" in run
+    version = subprocess.run([sys.executable, "-m", "graphmon.cli", "--version"], capture_output=True, text=True).stdout
+    assert re.search(r"^ +decode: +\S", version, re.M)
     env = " ".join(a for op, a in instructions if op == "ENV")
     assert f"GRAPHMON_PORT=${{PORT}}" in env and "GRAPHMON_HOST=0.0.0.0" in env
     # Its socket path is the one the Kubernetes sidecar example shares with the engine container.
@@ -201,3 +208,31 @@ def test_docker_compose_config_when_available():
         pytest.skip("docker compose plugin not installed; structural checks above cover compose.yml")
     res = subprocess.run([docker, "compose", "-f", str(DOCKER / "compose.yml"), "config", "-q"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_compose_demo_answers_the_documented_token_from_the_docker_network():
+    """Requests from the host reach the demo through Docker's network (not its loopback), so the
+    protected endpoints need the token: the compose secret's file, which the docs' curl lines send."""
+    from starlette.testclient import TestClient
+
+    from graphmon.cli import build_parser
+    from graphmon.export.exporter import Exporter
+    from graphmon.settings import Settings
+    from graphmon.sources.replay import ReplaySource
+    from helpers import synthetic_trace
+
+    svc = COMPOSE["services"]["graphmon"]
+    args = build_parser().parse_args(svc["command"])
+    (secret,) = svc["secrets"]
+    assert args.token_file == f"/run/secrets/{secret}"  # where compose mounts a secret
+    token_path = DOCKER / COMPOSE["secrets"][secret]["file"]
+    ex = Exporter(ReplaySource(synthetic_trace()), Settings(host=args.host, port=0, token_file=str(token_path)))
+    bridge = TestClient(ex.app, client=("172.18.0.1", 40000))  # Docker's gateway, as the container sees the host
+    assert bridge.post("/capture").status_code == 401
+    token = token_path.read_text().strip()
+    assert bridge.post("/capture", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert bridge.get("/metrics").status_code == bridge.get("/status").status_code == 200
+    docs = (ROOT / "docs" / "deployment.md").read_text()
+    compose_part = docs[docs.index("## Compose demo"):]
+    for path in ("/capture", "/trace/", "/baseline"):
+        assert re.search(rf'curl [^\n]*-H "Authorization: Bearer \$\(cat docker/demo-token\)" [^\n]*{path}', compose_part), path

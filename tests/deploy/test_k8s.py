@@ -138,7 +138,7 @@ def test_agent_shares_the_socket_with_the_engine_and_owns_the_port(name):
     sources = []
     for c, pod in ((agent, agent_pod), (engine, engine_pod)):
         volumes = {v["name"]: v for v in pod["volumes"]}
-        (mount,) = c["volumeMounts"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "graphmon-socket"]
         assert sock.startswith(mount["mountPath"] + "/"), "the socket must live in the mounted volume"
         sources.append({k: v for k, v in volumes[mount["name"]].items() if k != "name"})
     if agent_pod is engine_pod:  # sidecar: one pod, one emptyDir
@@ -151,7 +151,23 @@ def test_agent_shares_the_socket_with_the_engine_and_owns_the_port(name):
     sc = agent["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["runAsUser"] == 65534
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
-    assert agent["readinessProbe"]["httpGet"]["port"] == "graphmon"
+    # The sidecar's readiness would gate the engine's pod (out of its Service while the agent is
+    # slow): it has a startup and a liveness probe only; the DaemonSet's pods are the agent alone.
+    probes = {k for k in agent if k.endswith("Probe")}
+    assert probes == ({"readinessProbe", "livenessProbe"} if agent_pod is not engine_pod
+                      else {"startupProbe", "livenessProbe"})
+    assert all(agent[k]["httpGet"] == {"path": "/healthz", "port": "graphmon"} for k in probes)
+    # a DaemonSet agent may sit on a node that serves nothing: GraphmonNoProcessAttached stays quiet there
+    assert agent_env.get("GRAPHMON_EXPECT_PROCESSES") == ("false" if agent_pod is not engine_pod else None)
+    # the token comes from the Secret as a file (never a command-line argument), only into the agent
+    token_dir = os.path.dirname(agent_env["GRAPHMON_TOKEN_FILE"])
+    (tm,) = [m for m in agent["volumeMounts"] if m["mountPath"] == token_dir]
+    secret = {v["name"]: v for v in agent_pod["volumes"]}[tm["name"]]["secret"]
+    assert tm["readOnly"] and secret["secretName"] == "graphmon" and secret["items"] == [{"key": "token", "path": "token"}]
+    assert not any("TOKEN" in e["name"] for e in engine.get("env", []))
+    assert "--token" not in " ".join(agent["args"])
+    # memory: 2x the highest RSS measured (500 MiB, README "Measured"), so a burst of windows is no OOM kill
+    assert agent["resources"]["limits"]["memory"] == "1Gi"
     # The engine runs as root (as vllm/vllm-openai does) and gets in by the socket's group: the
     # agent allows that group, can give its socket that group, and the engine pod has it.
     assert engine["securityContext"]["runAsUser"] == 0
@@ -169,7 +185,8 @@ def test_socket_gid_is_one_flag_and_out_folders_are_made(tmp_path):
     ds, engine = [d for d in yaml.safe_load_all((out / "agent-daemonset.yaml").read_text()) if d]
     pods = {"sidecar": dep["spec"]["template"]["spec"], "daemonset": ds["spec"]["template"]["spec"],
             "engine": engine["spec"]["template"]["spec"]}
-    assert pods["sidecar"]["securityContext"] == {"fsGroup": 2000}
+    # OnRootMismatch: kubelet leaves a model volume's files alone when its root has the group already
+    assert pods["sidecar"]["securityContext"] == {"fsGroup": 2000, "fsGroupChangePolicy": "OnRootMismatch"}
     assert pods["engine"]["securityContext"] == {"supplementalGroups": [2000]}
     for pod in (pods["sidecar"], pods["daemonset"]):
         agent = [c for c in pod["containers"] if c["name"] == "graphmon-agent"][0]
@@ -186,7 +203,7 @@ def test_daemonset_prepares_the_host_folder_for_the_agent():
     (init,) = spec["initContainers"]
     agent = spec["containers"][0]
     gid = int(_env(agent)["GRAPHMON_AGENT_ALLOW_GIDS"])
-    assert init["volumeMounts"] == agent["volumeMounts"]
+    assert init["volumeMounts"] == [m for m in agent["volumeMounts"] if m["name"] == "graphmon-socket"]
     code = init["command"][2]
     assert init["command"][:2] == ["python3", "-c"] and compile(code, "init", "exec")
     assert f"os.chown('/run/graphmon', 0, {gid})" in code and "os.chmod('/run/graphmon', 0o770)" in code
@@ -208,7 +225,7 @@ def _graphmon_variables() -> set[str]:
     return names
 
 
-def test_manifest_command_lines_and_variables_are_graphmons(monkeypatch):
+def test_manifest_command_lines_and_variables_are_graphmons(monkeypatch, tmp_path):
     from graphmon.cli import build_parser
     from graphmon.settings import Settings
     from graphmon.sources.remote import PeerPolicy
@@ -229,6 +246,10 @@ def test_manifest_command_lines_and_variables_are_graphmons(monkeypatch):
                 for k in [k for k in os.environ if k.startswith("GRAPHMON_")]:
                     monkeypatch.delenv(k)
                 for k, v in env.items():
+                    if k.endswith("_FILE"):  # a mounted Secret: a file of the same name here
+                        assert v.startswith("/run/secrets/"), (k, v)
+                        v = str(tmp_path / os.path.basename(v))
+                        (tmp_path / os.path.basename(v)).write_text("a-token\n")
                     monkeypatch.setenv(k, v)
                 Settings()
                 PeerPolicy.from_env()

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -104,10 +105,16 @@ def manifest_spec(name: str) -> dict:
         if sc.get("runAsNonRoot"):
             assert uid != 0, f"{c['name']}: runAsNonRoot with uid 0 would not start"
         pod_groups = [g for g in [pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", [])] if g is not None]
-        (mount,) = c["volumeMounts"]
-        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        env = {**image_env, **{e["name"]: e["value"] for e in c.get("env", [])}}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        # the socket's volume: the mount that holds GRAPHMON_AGENT; Secrets: files the test writes
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == os.path.dirname(env["GRAPHMON_AGENT"])]
+        volume = volumes[mount["name"]]
+        secrets = [{"path": m["mountPath"], "files": [i["path"] for i in volumes[m["name"]]["secret"]["items"]]}
+                   for m in c["volumeMounts"] if "secret" in volumes[m["name"]]]
+        assert len(c["volumeMounts"]) == 1 + len(secrets), c["volumeMounts"]
         caps = sc.get("capabilities") or {}
-        return {"env": {**image_env, **{e["name"]: e["value"] for e in c.get("env", [])}},
+        return {"env": env, "secrets": secrets,
                 "uid": uid, "gid": gid, "groups": sorted({gid, *pod_groups}),
                 "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
                 "drop_caps": "ALL" in caps.get("drop", []), "add_caps": [a.lower() for a in caps.get("add", [])],
@@ -195,6 +202,7 @@ def test_agent_as_shipped_serves_a_root_engine_and_refuses_others(manifest):
     # SIGTERM (a pod's stop): exit 0, socket removed
     assert res["agent_exit"] == 0 and res["socket_dir_after"] == [], diag
     assert res["init_exits"] == [0] * len(spec["init"]), diag
+    assert agent["secrets"] and res["status"]["config"]["token_set"] and res["trace_with_secret_token"] == 404, diag
     if not spec["isolated"]:
         pytest.skip(f"ran the users-and-groups part only: {ns_problem}, so the read-only root, the manifest's "
                     "socket path and its 0.0.0.0:9479 were not checked")
@@ -290,6 +298,9 @@ def _isolate(spec: dict) -> bool:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", parent], check=True)
     os.makedirs(mount)
     _make_volume(mount, spec["agent"]["volume"], spec["agent"]["fs_group"], True)
+    for secret in spec["agent"]["secrets"]:  # kubelet's Secret volume: root-owned files, 0644 (its defaultMode)
+        assert secret["path"].startswith(parent + "/"), "the test writes Secrets into the tmpfs it mounted"
+        _write_secret(secret["path"])
     keep = ("/proc", "/sys", "/dev", mount)
     with open("/proc/self/mountinfo") as fh:
         points = [line.split()[4].encode().decode("unicode_escape") for line in fh]
@@ -309,7 +320,21 @@ def _isolate(spec: dict) -> bool:
         return True
 
 
-def _get(url: str) -> bytes:
+SECRET_VALUE = "sidecar-test-token"
+
+
+def _write_secret(folder: str, files=("token",)) -> None:
+    os.makedirs(folder, exist_ok=True)
+    for name in files:
+        path = os.path.join(folder, name)
+        with open(path, "w") as fh:
+            fh.write(SECRET_VALUE)
+        os.chmod(path, 0o644)
+
+
+def _get(url: str, token: str | None = None) -> bytes:
+    if token is not None:
+        url = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read()
 
@@ -331,6 +356,12 @@ def _driver(spec: dict) -> dict:
         _make_volume(vol, agent_spec["volume"], agent_spec["fs_group"], False)
         sock = env["GRAPHMON_AGENT"] = os.path.join(vol, os.path.basename(env["GRAPHMON_AGENT"]))
         env["GRAPHMON_HOST"], env["GRAPHMON_PORT"] = "127.0.0.1", "0"
+        for secret in agent_spec["secrets"]:  # the Secret's folder beside the volume, the variables pointed there
+            here = os.path.join(d, "secret-" + os.path.basename(secret["path"]))
+            _write_secret(here, secret["files"])
+            for k, v in list(env.items()):
+                if v.startswith(secret["path"] + "/"):
+                    env[k] = here + v[len(secret["path"]):]
     out["socket"] = sock
     vol = os.path.dirname(sock)
 
@@ -402,6 +433,11 @@ def _driver(spec: dict) -> dict:
         out["refused_root"]["stderr"] = root.lines
         out["refused_uid"] = {"stderr": other.lines}
         out["status"] = json.loads(_get(url + "/status"))
+        # the token came from the Secret's file: a protected endpoint takes it (404: no such window)
+        try:
+            _get(url + "/trace/none", token=SECRET_VALUE)
+        except urllib.error.HTTPError as e:
+            out["trace_with_secret_token"] = e.code
         out["metrics"] = _get(url + "/metrics").decode()
         engine.stop()
         out["engine_stderr"] = engine.lines
