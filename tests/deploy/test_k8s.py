@@ -319,3 +319,22 @@ def test_docs_describe_exactly_the_shipped_manifests():
         for path in re.findall(r"\bdocker/[\w./-]*[\w]", doc.read_text()):
             assert (ROOT / path).exists(), f"{doc.name} names {path}, which is not shipped"
     assert not re.search(r"(?<!ships no )helm chart", text, re.I)  # none is shipped
+
+
+def test_the_generators_run_in_the_base_install():
+    """`pip install .` (what docs/deployment.md sets up) brings every module the generators import:
+    the standard library and base dependencies only (pyyaml is one: the web config is YAML too)."""
+    import ast
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    base = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower() for d in deps}
+    dist_of = {"yaml": "pyyaml"}  # import name -> distribution, where they differ
+    for script in (K8S / "generate.py", ROOT / "dashboards" / "generate.py"):
+        for node in ast.walk(ast.parse(script.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "__future__":
+                    assert dist_of.get(top, top) in base, f"{script.name} imports {top}, not a base dependency"
