@@ -288,12 +288,12 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     @app.get("/trace/{trace_id}", summary="A window as Chrome/Perfetto trace JSON (or graphmon's native format); "
              "bearer token (without one, loopback clients only)",
              responses={200: {"content": {"application/json": {}, "application/octet-stream": {}}}})
-    async def trace(trace_id: str, format: str = "chrome") -> Response:
+    async def trace(request: Request, trace_id: str, format: str = "chrome") -> Response:
         if not TRACE_ID.fullmatch(trace_id):  # fullmatch: "$" alone lets a trailing newline through
             raise HTTPException(400, "trace id must be 1-64 characters of [A-Za-z0-9_-]")
         if format not in ("chrome", "graphmon"):
             raise HTTPException(400, "format must be 'chrome' or 'graphmon'")
-        return await traces.response(trace_id, format)
+        return await traces.response(trace_id, format, gzip=accepts_gzip(request.headers.get("accept-encoding")))
 
     return app
 

@@ -4,20 +4,28 @@ Kernel names are demangled for display (formats.demangle; mangled when that fail
 Gaps are the empty space between slices on a track; each slice also carries its gap to the
 previous kernel on the same stream in ``args.gap_ns`` so it shows up when a slice is selected.
 
-The file is also a trace graphmon reads back (``graphmon analyze``, through the Kineto reader):
-kernels carry ``args.stream``/``device``/``correlation`` as Kineto writes them, and each graph
-replay has a ``cudaGraphLaunch`` event inside a ``user_annotation`` range named after its graph
-(on a "graph launches" track), which is how the reader tells replays and graphs apart. Past
+The file is also a trace graphmon reads back (``graphmon analyze``, through the Kineto reader),
+with the same analysis as the native form of the window: kernels carry
+``args.stream``/``device``/``correlation`` as Kineto writes them, and each graph replay has a
+``cudaGraphLaunch`` event inside a ``user_annotation`` range named after its graph (on a "graph
+launches" track), which is how a Kineto reader tells replays and graphs apart. graphmon's own
+additions: the launch event's ``args.graph`` (index into the top-level ``graphmonTrace.graphs``,
+each graph's key, upload mode, label and the rest of its metadata), ``args.stream`` (the launch
+stream, when known) and ``args.launch_time: "unknown"`` where CUPTI recorded no launch time (the
+event then sits at the replay's first kernel for display, and the reader counts no launch
+latency for it); ``graphmonTrace.invalid_records``, the records the window excluded. Past
 ``max_events`` kernels the file keeps whole replays, the earliest first, and says so in a top-level
 ``graphmonTruncated`` object (the reader puts it in ``meta["truncated"]``, analyze reports it).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from graphmon.formats.demangle import demangle_all
-from graphmon.formats.kineto import TRUNCATED_KEY
+from graphmon.formats.kineto import GRAPHMON_KEY, TRUNCATED_KEY, UNKNOWN_LAUNCH
 from graphmon.model.trace import Trace, replay_key
 
 HOST_PID, LAUNCH_TID = "host", "graph launches"
@@ -54,7 +62,7 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
     launches = _replay_launches(trace, idx)
     # ts 0 is 1 µs before the first event: a kernel at ts 0 would read back as an incomplete
     # CUPTI record (zero start), and ts stay small enough for exact 3-decimal floats
-    t0 = min(int(start.min()), min((r[3] for r in launches), default=int(start.min()))) - 1000 if len(start) else 0
+    t0 = min(int(start.min()), min((r[3] for r in launches if r[3] > 0), default=int(start.min()))) - 1000 if len(start) else 0
     used = [i for i in np.unique(trace.name_id[idx]).tolist() if 0 <= i < len(trace.names)]  # -1: no name
     names = dict(zip(used, demangle_all(trace.names[i] for i in used)))
     gnames = trace.graph_names()
@@ -70,11 +78,18 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
         events.append({"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": "host"}})
         events.append({"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": LAUNCH_TID,
                        "args": {"name": LAUNCH_TID}})
-    for c, g, _first, at, last in launches:
+    for c, g, first, at, last, lstream in launches:
+        args = {"correlation": c, "graph": g}
+        if lstream >= 0:
+            args["stream"] = lstream
+        if at <= 0:  # no launch time recorded: drawn at the first kernel, read back as unknown
+            args["launch_time"] = UNKNOWN_LAUNCH
+            at = first
+        opens = min(at, first)  # a skewed launch clock may put the launch after the first kernel
         events.append({"ph": "X", "cat": "user_annotation", "name": gnames[g], "pid": HOST_PID, "tid": LAUNCH_TID,
-                       "ts": (at - t0) / 1e3, "dur": (last - at) / 1e3})
+                       "ts": (opens - t0) / 1e3, "dur": (max(last, at) - opens) / 1e3})
         events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": HOST_PID,
-                       "tid": LAUNCH_TID, "ts": (at - t0) / 1e3, "dur": 0, "args": {"correlation": c}})
+                       "tid": LAUNCH_TID, "ts": (at - t0) / 1e3, "dur": 0, "args": args})
     for i in range(len(idx)):
         nid = int(name_ids[i])
         g = int(graphs[i])
@@ -99,6 +114,8 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
         "traceEvents": events,
         "displayTimeUnit": "ns",
         "otherData": {"generator": "graphmon", "base_time_ns": t0, "kernels": n, "truncated": truncated},
+        # what `graphmon analyze` needs to answer as for the native form (formats.kineto reads it)
+        GRAPHMON_KEY: {"graphs": [asdict(g) for g in trace.graphs], "invalid_records": dict(trace.invalid)},
     }
     if truncated:
         doc[TRUNCATED_KEY] = {"kernels": n, "kernels_kept": int(len(idx)),
@@ -107,11 +124,11 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
     return doc
 
 
-def _replay_launches(trace: Trace, idx: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-    """(correlation, graph, first start, launch time, last end) per graph replay among the kept
-    kernels. The launch time is the CPU launch call (same clock as kernels) when known, else the
-    first kernel's start; the host track gets a ``cudaGraphLaunch`` there inside a range named
-    after the graph, as torch.profiler's record_function gives."""
+def _replay_launches(trace: Trace, idx: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
+    """(correlation, graph, first start, launch time, last end, launch stream) per graph replay
+    among the kept kernels. The launch time is the CPU launch call (same clock as kernels), -1
+    when unknown; the launch stream -1 when unknown. The host track gets a ``cudaGraphLaunch``
+    there inside a range named after the graph, as torch.profiler's record_function gives."""
     sel = idx[trace.graph[idx] >= 0]
     if not len(sel):
         return []
@@ -122,10 +139,11 @@ def _replay_launches(trace: Trace, idx: np.ndarray) -> list[tuple[int, int, int,
     first = trace.start_ns[sel][heads].tolist()
     last = np.maximum.reduceat(trace.end_ns[sel], heads).tolist()
     lc = trace.launches
-    launch = dict(zip(replay_key(lc["device"], lc["correlation_id"]).tolist(), lc["launch_ns"].tolist()))
+    lkeys = replay_key(lc["device"], lc["correlation_id"]).tolist()
+    launch = dict(zip(lkeys, zip(lc["launch_ns"].tolist(), lc["stream"].tolist())))
     out = []
     for k, c, g, s0, s1 in zip(key[heads].tolist(), trace.correlation_id[sel][heads].tolist(),
                                trace.graph[sel][heads].tolist(), first, last):
-        at = launch.get(k, -1)
-        out.append((c, g, s0, at if 0 < at <= s0 else s0, s1))
+        at, lstream = launch.get(k, (-1, -1))
+        out.append((c, g, s0, at if at > 0 else -1, s1, lstream))
     return out

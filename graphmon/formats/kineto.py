@@ -77,7 +77,9 @@ class _KinetoBuilder:
         self.streams: set[int] = set()
         self.invalid: dict[str, int] = {}
         self.kernel_events = 0
-        self.launches: dict[int, tuple[int, Any, Any]] = {}  # correlation -> (ts ns or -1, pid, tid)
+        # correlation -> (ts ns or -1, pid, tid, graph, stream, known); graph, stream and known are
+        # graphmon's own launch args (formats.chrome): -1, -1, True in other files
+        self.launches: dict[int, tuple[int, Any, Any, int, int, bool]] = {}
         self.duplicate_launches = 0
         self.ranges: dict[tuple, list[tuple[int, int, str]]] = {}  # (pid, tid) -> (start, end, label)
         self.non_object_events = 0
@@ -188,7 +190,11 @@ class _KinetoBuilder:
         if len(self.launches) >= self.limits.max_kernels:
             raise TraceError(f"more than {self.limits.max_kernels} graph launches (limit)")
         ts = _us_to_ns(e.get("ts"))
-        self.launches[c] = (ts if type(ts) is int else -1, _hashable(e.get("pid")), _hashable(e.get("tid")))
+        g, st = args.get("graph", -1), args.get("stream", -1)
+        self.launches[c] = (ts if type(ts) is int else -1, _hashable(e.get("pid")), _hashable(e.get("tid")),
+                            g if type(g) is int and 0 <= g < MAX_GRAPHMON_GRAPHS else -1,
+                            st if type(st) is int and -I64_MAX <= st <= I64_MAX else -1,
+                            args.get("launch_time") != UNKNOWN_LAUNCH)
 
     def _range(self, e: dict) -> None:
         t0, d, label = _us_to_ns(e.get("ts")), _us_to_ns(e.get("dur")), e.get("name")
@@ -203,7 +209,9 @@ class _KinetoBuilder:
         self.ranges.setdefault(key, []).append((t0, t0 + d, label))
 
     # ------------------------------------------------------------------ to Trace
-    def build(self, path: str, meta: dict[str, Any]) -> Trace:
+    def build(self, path: str, meta: dict[str, Any], graphmon: Any = None) -> Trace:
+        """``graphmon``: the ``graphmonTrace`` object of graphmon's own Chrome export (its graphs
+        and the window's invalid counts), or None."""
         if self.kernel_events == 0:
             seen = sorted(self.categories.items(), key=lambda kv: -kv[1])[:8]
             other = f"; categories seen: {', '.join(f'{c!r} ({n})' for c, n in seen)}" if seen else ""
@@ -220,12 +228,22 @@ class _KinetoBuilder:
         seen = set(pairs[:, 0].tolist())
         rows = [(c, d) for c, d in pairs.tolist()] + [(c, -1) for c in self.launches if c not in seen]  # -1: no kernel says which
         l_corr = np.array([r[0] for r in rows], np.int64)
+        info = [self.launches[c] for c in l_corr.tolist()]
         launches = {
             "correlation_id": l_corr,
             "device": np.array([r[1] for r in rows], np.int32),
-            "launch_ns": np.array([self.launches[c][0] for c in l_corr.tolist()], np.int64),
+            "launch_ns": np.array([r[0] if r[5] else -1 for r in info], np.int64),
             "label": np.array([lab_of.get(c, -1) for c in l_corr.tolist()], np.int32),
+            "stream": np.array([r[4] for r in info], np.int64),
         }
+        graphs, invalid = [], dict(self.invalid)
+        if graphmon is not None:  # graphmon's export: each launch names its graph, with its metadata
+            from graphmon.formats.native import graphmon_chrome_metadata
+
+            graphs, excluded = graphmon_chrome_metadata(graphmon, self.limits)
+            launches["graph"] = np.array([r[3] if r[3] < len(graphs) else -1 for r in info], np.int32)
+            for k, v in excluded.items():
+                invalid[k] = invalid.get(k, 0) + v
         meta = dict(meta)
         meta.update(
             format="kineto",
@@ -256,8 +274,9 @@ class _KinetoBuilder:
             name_id=np.frombuffer(self.name_id, np.int32) if len(self.name_id) else np.zeros(0, np.int32),
             names=names,
             launches=launches,
+            graphs=graphs,
             labels=[clean_text(s) for s in labels],
-            invalid=self.invalid,
+            invalid=invalid,
             meta=meta,
         )
         return fill_launch_graphs(trace)
@@ -266,7 +285,7 @@ class _KinetoBuilder:
         """Correlation -> label index: the innermost record_function range on the launch's
         thread that contains the launch's CPU timestamp (latest-starting one still open)."""
         by_thread: dict[tuple, list[tuple[int, int]]] = {}
-        for c, (ts, pid, tid) in self.launches.items():
+        for c, (ts, pid, tid, *_) in self.launches.items():
             if ts >= 0 and (pid, tid) in self.ranges:
                 by_thread.setdefault((pid, tid), []).append((ts, c))
         out: dict[int, int] = {}
@@ -338,6 +357,9 @@ def _as_int(v: Any, lo: int, hi: int) -> int | str:
 
 _META_KEYS = ("schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version", "baseTimeNanoseconds", "trace_id")
 TRUNCATED_KEY = "graphmonTruncated"  # graphmon's own Chrome JSON, cut (formats.chrome)
+GRAPHMON_KEY = "graphmonTrace"  # graphmon's own Chrome JSON: graph metadata and excluded records
+UNKNOWN_LAUNCH = "unknown"  # args.launch_time of a launch event graphmon drew without a launch time
+MAX_GRAPHMON_GRAPHS = 1 << 20
 
 
 def _plain_meta(top: dict[str, Any]) -> dict[str, Any]:
@@ -384,7 +406,7 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
                     js.pos += 1
                     found = True
                     _events(js, builder)
-                elif key in _META_KEYS or key in ("deviceProperties", TRUNCATED_KEY):
+                elif key in _META_KEYS or key in ("deviceProperties", TRUNCATED_KEY, GRAPHMON_KEY):
                     top[key] = js.value()
                 else:
                     js.value()  # decoded (bounded by max_event_bytes) and dropped
@@ -393,7 +415,7 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
             binary.close()
     if not found:
         raise TraceError("no traceEvents list: not a Chrome trace")
-    return builder.build(path, _plain_meta(top))
+    return builder.build(path, _plain_meta(top), top.get(GRAPHMON_KEY))
 
 
 def _events(js: JsonStream, builder: _KinetoBuilder) -> None:

@@ -87,6 +87,38 @@ def _meta_model():
     return _Meta
 
 
+@lru_cache(maxsize=1)
+def _chrome_model():
+    """The graphmonTrace object of graphmon's Chrome export (formats.chrome): the same graph
+    metadata as meta_json's, and the window's invalid counts."""
+    from pydantic import BaseModel, ConfigDict
+
+    graph = _meta_model().model_fields["graphs"].annotation.__args__[0]
+    count = _meta_model().model_fields["invalid"].annotation
+
+    class _Chrome(BaseModel):
+        model_config = ConfigDict(strict=True, extra="ignore")
+        graphs: list[graph]  # type: ignore[valid-type]
+        invalid_records: count = {}  # type: ignore[valid-type]
+
+    return _Chrome
+
+
+def graphmon_chrome_metadata(doc: Any, limits: ReadLimits) -> tuple[list[GraphInfo], dict[str, int]]:
+    """(graphs, invalid counts) of a Chrome export's graphmonTrace object; TraceError if malformed."""
+    from pydantic import ValidationError
+
+    if isinstance(doc, dict) and isinstance(doc.get("graphs"), list) and len(doc["graphs"]) > limits.max_graphs:
+        raise TraceError(f"graphmonTrace: more than {limits.max_graphs} graphs (limit)")
+    try:
+        m = _chrome_model().model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise TraceError(f"bad graphmonTrace metadata at {where}: {err['msg']}") from None
+    return [GraphInfo(**g.model_dump()) for g in m.graphs], dict(m.invalid_records)
+
+
 def _parse_meta(raw: bytes, limits: ReadLimits) -> dict[str, Any]:
     """meta_json -> dict, element by element for the long lists, so a few compressed kilobytes
     that expand to millions of names are refused at the limit instead of built first."""

@@ -455,3 +455,46 @@ def test_the_agent_alone_serves_its_process_families_gzipped():
         assert len(rss) == 1 and float(rss[0].split()[1]) > 10e6 and text.endswith("# EOF\n")
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("source", ["h200-graphmon-decode.graphmon.npz", "bundled"])
+def test_trace_chrome_export_analyzes_as_the_native_form_of_the_window(source, tmp_path, capsys):
+    """`graphmon analyze` of GET /trace/<id> (Chrome JSON, gzipped as asked) gives the same answer as
+    of ?format=graphmon, the native form of the same window: graph keys, upload modes, launch
+    latency (known from CUPTI's launch times in the first trace; unknown, not 0, in the bundled
+    one, which has none), inter-replay gaps, every per-stream figure, the excluded records."""
+    import gzip
+
+    from helpers import DATA
+    from graphmon.cli import bundled_trace_path, main
+
+    trace = read_trace(bundled_trace_path() if source == "bundled" else DATA / source)
+    ex, c = make(trace)
+    ex.start()
+    try:
+        wait_windows(ex, 2)
+        wid = ex.snapshot().windows[-1]
+        chrome = c.get(f"/trace/{wid}", headers={"Accept-Encoding": "gzip"})
+        native = c.get(f"/trace/{wid}?format=graphmon", headers={"Accept-Encoding": "gzip"})
+        plain = c.get(f"/trace/{wid}", headers={"Accept-Encoding": "identity"})
+    finally:
+        ex.stop()
+    assert chrome.headers["content-encoding"] == "gzip" and chrome.headers["vary"] == "Accept-Encoding"
+    assert "content-encoding" not in native.headers and "content-encoding" not in plain.headers  # npz: compressed already
+    assert int(chrome.headers["content-length"]) * 10 < int(plain.headers["content-length"])  # measured 36x on a full window
+    assert chrome.content == plain.content  # httpx decoded the gzip: the same document
+    (tmp_path / "w.json").write_bytes(gzip.compress(chrome.content))  # analyze reads .json.gz too
+    (tmp_path / "w.graphmon.npz").write_bytes(native.content)
+    docs = {}
+    for name in ("w.json", "w.graphmon.npz"):
+        for by in ("graph", "stream"):
+            assert main(["analyze", "--format", "json", "--by", by, "--no-progress", str(tmp_path / name)]) == 0
+            docs[name, by] = json.loads(capsys.readouterr().out)
+    for by in ("graph", "stream"):
+        assert docs["w.json", by] == docs["w.graphmon.npz", by], by
+    graphs = docs["w.json", "graph"]["graphs"]
+    assert len(graphs) >= 2 and all(g["upload_mode"] != "unknown" for g in graphs)
+    if source == "bundled":  # no launch time was recorded: unknown, never a 0 ns latency
+        assert all(g.get("launch_latency_ns") is None for g in graphs)
+    else:
+        assert all(g["launch_latency_ns"]["p50"] > 0 for g in graphs)

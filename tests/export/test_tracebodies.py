@@ -65,3 +65,48 @@ def test_over_budget_is_429_not_a_queue(monkeypatch):
 
     err = asyncio.run(main())
     assert err.status_code == 429 and "Retry-After" in err.headers
+
+
+def test_gzip_downloads_share_one_render_and_one_compression(monkeypatch):
+    import gzip
+
+    calls = []
+    body = b'{"traceEvents":[' + b'{"ph":"X","name":"k"},' * 5000 + b'{}]}'
+
+    def render(t, fmt):
+        calls.append(fmt)
+        time.sleep(0.05)
+        return body
+
+    monkeypatch.setattr(tb, "render_trace", render)
+    bodies = tb.TraceBodies(lambda i: synthetic_trace() if i == "w1" else None, 10**7, 100)
+
+    async def main():
+        gz = await asyncio.gather(*[bodies._body("w1", "chrome", gzip=True) for _ in range(10)])
+        return gz, await bodies._body("w1", "chrome")
+
+    gz, plain = asyncio.run(main())
+    assert calls == ["chrome"] and bodies.renders == 1 and bodies.compressions == 1
+    assert all(g is gz[0] for g in gz) and plain is body and gzip.decompress(gz[0]) == body
+    assert len(gz[0]) * 20 < len(body)
+
+
+def test_a_cut_is_read_from_the_gzipped_body_too():
+    import gzip
+
+    head = b'{"graphmonTruncated":{"kernels":9,"kernels_kept":4,"why":"x"},"traceEvents":[]}'
+    assert tb.truncation(gzip.compress(head + b" " * 100_000), gzipped=True) == tb.truncation(head) == {
+        "kernels": 9, "kernels_kept": 4, "why": "x"}
+    assert tb.truncation(gzip.compress(b'{"traceEvents":[]}'), gzipped=True) is None
+
+
+def test_the_native_format_is_never_gzipped(monkeypatch):
+    monkeypatch.setattr(tb, "render_trace", lambda t, fmt: b"PK" + b"x" * 100)
+    bodies = tb.TraceBodies(lambda i: synthetic_trace(), 10**6, 100)
+
+    async def main():
+        return await bodies.response("w1", "graphmon", gzip=True)
+
+    r = asyncio.run(main())
+    assert "content-encoding" not in r.headers and bodies.compressions == 0
+    bodies._release()  # the response was not sent: its download slot by hand

@@ -104,3 +104,83 @@ def test_a_cut_keeps_whole_replays_the_earliest_first_and_says_so(tmp_path):
     path.write_text(json.dumps(doc))
     back = read_trace(path, progress=False)
     assert back.meta["truncated"] == {"kernels": len(t), "kernels_kept": len(rows)} and len(back) == len(rows)
+
+
+def _analyses(trace) -> dict:
+    from graphmon.analysis.replays import analyze
+    from graphmon.report.summary import analysis_json
+
+    a = analyze(trace)
+    return {by: analysis_json(a, by=by) for by in ("graph", "stream", "boundary")}
+
+
+@pytest.mark.parametrize("name", ["h200-graphmon-decode.graphmon.npz", "h200-graphmon-chain.graphmon.npz"])
+def test_chrome_export_analyzes_as_the_native_form(name, tmp_path):
+    """Everything `graphmon analyze` reports, by graph, stream and boundary, is the same for the
+    Chrome export as for the trace itself: graph keys, upload modes, launch latency from the
+    recorded launch times, launch streams, the excluded records (the boundaries' kernel names are
+    the export's demangled ones)."""
+    import json
+
+    from helpers import DATA
+
+    t = read_trace(DATA / name, progress=False)
+    assert (t.launches["launch_ns"] > 0).any() and t.invalid  # what the export must carry over
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(to_chrome_trace(t)))
+    back = read_trace(path, progress=False)
+    want, got = _analyses(t), _analyses(back)
+    assert got["graph"] == want["graph"] and got["stream"] == want["stream"]
+    for doc in (want["boundary"], got["boundary"]):
+        for g in doc["boundaries"]:
+            for b in g["widest"]:
+                b["kernel_before"], b["kernel_after"] = dm.demangle(b["kernel_before"]), dm.demangle(b["kernel_after"])
+    assert got["boundary"] == want["boundary"]
+    assert {g.key: g.upload_mode for g in back.graphs} == {g.key: g.upload_mode for g in t.graphs}
+
+
+def test_unknown_launch_times_stay_unknown_and_skewed_ones_stay_as_recorded(tmp_path):
+    """A launch without a recorded time is drawn at its first kernel for display but marked, so
+    that analyze reports no latency (it used to read 0 ns); a launch recorded after its first
+    kernel (a skewed clock) keeps its time and its negative latency."""
+    import json
+    from dataclasses import replace
+
+    from helpers import DATA
+
+    t = read_trace(DATA / "h200-graphmon-decode.graphmon.npz", progress=False)
+    lns = t.launches["launch_ns"].copy()
+    lns[::2] = -1  # every other launch unknown
+    first = {int(c): int(t.start_ns[t.correlation_id == c].min()) for c in np.unique(t.correlation_id)}
+    skew = int(np.flatnonzero(lns > 0)[0])
+    lns[skew] = first[int(t.launches["correlation_id"][skew])] + 500  # 500 ns after its first kernel
+    t = replace(t, launches={**t.launches, "launch_ns": lns})
+    doc = to_chrome_trace(t)
+    launches = [e for e in doc["traceEvents"] if e.get("name") == "cudaGraphLaunch"]
+    known = dict(zip(t.launches["correlation_id"].tolist(), (lns > 0).tolist()))
+    assert [e["args"].get("launch_time") != "unknown" for e in launches] == [known[e["args"]["correlation"]] for e in launches]
+    assert not all(known[e["args"]["correlation"]] for e in launches)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    back = read_trace(path, progress=False)
+    assert _analyses(back)["graph"] == _analyses(t)["graph"]
+    back_first = {int(c): int(back.start_ns[back.correlation_id == c].min()) for c in np.unique(back.correlation_id)}
+    latency = {int(c): back_first[int(c)] - int(v) for c, v in zip(back.launches["correlation_id"], back.launches["launch_ns"])}
+    assert all((latency[c] != back_first[c] + 1) == known[c] for c in latency)  # unknown: launch_ns -1
+    assert latency[int(t.launches["correlation_id"][skew])] == -500
+
+
+def test_malformed_graphmon_metadata_is_one_error(tmp_path):
+    import json
+
+    from graphmon.model.trace import TraceError
+    from tracefiles import NATIVE
+
+    t = read_trace(NATIVE, progress=False)
+    t = t.select(np.isin(t.correlation_id, np.unique(t.correlation_id)[:3]))
+    doc = to_chrome_trace(t)
+    doc["graphmonTrace"]["graphs"][0]["upload_mode"] = "sideways"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="graphmonTrace metadata at graphs.0.upload_mode"):
+        read_trace(path, progress=False)
