@@ -26,7 +26,6 @@ import ssl
 import threading
 from typing import Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 log = logging.getLogger("graphmon")
@@ -133,6 +132,8 @@ _REFUSED = {
 
 
 def parse_web_config(text: str, where: str = "web config") -> WebConfig:
+    import yaml  # here: an app without a web config (an in-process exporter) never needs it
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
