@@ -4,8 +4,10 @@ Families (labels bounded: rank, device, graph and stream as the gap series carry
 previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel name):
 
 - ``graphmon_deploy_regression{rank,device,graph,reference,kind}``: 1 for the kind of a regressed
-  graph, 0 for the other kinds; all three kinds for every graph with a verdict;
-- ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams the
+  graph (a widening in a replay that got slower as a whole: graphmon.analysis.deploy), 0 for the
+  other kinds; all three kinds for every graph with a verdict; a widening that did not make the
+  replay slower stays 0 here and shows in /status (``widening``, ``net``, ``span``, ``idle``);
+- ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams a
   regression points at (compare flagged it, or a named boundary lies on it);
 - ``graphmon_deploy_gap_shift_seconds{rank,device,graph,stream,reference}``: the stream's shift of
   the median per-replay median gap (compare's; its interval is in /status);
@@ -94,7 +96,7 @@ class DeployCollector:
                 added.add_metric(lv, g.gap_added_ns * 1e-9)
                 for s in g.streams[: self.max_streams]:
                     sl = lv[:3] + [str(s.stream_current), r.reference]
-                    sreg.add_metric(sl, 1 if s.flagged else 0)
+                    sreg.add_metric(sl, 1 if g.regression and s.flagged else 0)
                     if math.isfinite(s.shift_ns):
                         shift.add_metric(sl, s.shift_ns * 1e-9)
         yield reg
