@@ -10,8 +10,8 @@ import json
 import sys
 from typing import Sequence
 
-from graphmon.cli_common import (EXIT_USAGE, CliError, _add_log_level, _add_server_flags, _settings_from_args,
-                                 _setup_logging, _warn_if_public)
+from graphmon.cli_common import (EXIT_USAGE, CliError, _add_log_level, _add_server_flags, _add_state_dir,
+                                 _settings_from_args, _setup_logging, _warn_if_public)
 from graphmon.cli_live import _add_attach_flags, _cmd_agent, _cmd_record, _cmd_run, _record_description
 
 PLOT_MAX_GRAPHS = 12
@@ -262,6 +262,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ag = sub.add_parser("agent", help="run the graphmon agent alone (sidecar/DaemonSet): processes attach via GRAPHMON_AGENT")
     _add_server_flags(ag, replay=False)
     _add_log_level(ag)
+    _add_state_dir(ag)
     ag.add_argument("--socket", metavar="PATH", help="Unix socket the processes connect to (env GRAPHMON_AGENT; "
                     "default: a private temporary directory). Its directory must exist: a volume shared with the engine")
     ag.add_argument("--allow-uid", action="append", metavar="UID[,UID]",

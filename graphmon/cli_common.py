@@ -22,6 +22,7 @@ def _settings_from_args(args: argparse.Namespace):
         "host": args.host, "port": args.port, "token": args.token,
         "window_interval_s": getattr(args, "window_interval_s", None), "max_graphs": args.max_graphs, "max_streams": args.max_streams,
         "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
+        "state_dir": getattr(args, "state_dir", None),
     }.items() if v is not None}
     try:
         return Settings(**over)
@@ -49,6 +50,23 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
                        help="seconds between replayed windows (env GRAPHMON_WINDOW_INTERVAL_S)")
     p.add_argument("--max-graphs", type=int, help="graphs per device before folding into 'other' (default 64)")
     p.add_argument("--max-streams", type=int, help="streams per graph before folding into 'other' (default 16)")
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="keep the deploy verdict's references (each rank's previous process) in DIR, so that an agent "
+                        "restart keeps them; a node path for the DaemonSet (env GRAPHMON_STATE_DIR)")
+
+
+def check_state_dir(settings) -> None:
+    """A state directory the agent cannot write is one error line before anything starts."""
+    if settings.state_dir:
+        from graphmon.export.deploy_state import StateDir
+
+        try:
+            StateDir(settings.state_dir)
+        except OSError as e:
+            raise CliError(f"--state-dir {settings.state_dir}: {e.strerror or e}") from None
 
 
 def _add_log_level(p: argparse.ArgumentParser) -> None:

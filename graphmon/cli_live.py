@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from graphmon.cli_common import CliError, _add_log_level, _add_server_flags, _settings_from_args, _setup_logging, _warn_if_public
+from graphmon.cli_common import (CliError, _add_log_level, _add_server_flags, _add_state_dir, _settings_from_args,
+                                 _setup_logging, _warn_if_public, check_state_dir)
 
 ATTACH_COMMANDS = ("run", "record")  # their CUPTI flags' help comes from graphmon.settings (pydantic)
 
@@ -14,7 +15,7 @@ def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
     keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "max_traced_share", "max_interval_s",
             "window_launches", "window_duration_ms", "max_drain_ms", "close", "buffer_size_bytes", "max_buffers",
-            "max_window_records")
+            "max_window_records", "state_dir")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
@@ -36,6 +37,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     argv = _command_argv(args)
     settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
+    check_state_dir(settings)
     _setup_logging(args)
 
     def warn(agent, port) -> None:  # once the port is bound (a taken port stays one error line)
@@ -67,7 +69,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from graphmon.host.link import AGENT_ENV
     from graphmon.sources.remote import PeerPolicy
 
-    _warn_if_public(_settings_from_args(args))  # bad flags: one error line, before anything starts
+    settings = _settings_from_args(args)  # bad flags: one error line, before anything starts
+    _warn_if_public(settings)
+    check_state_dir(settings)
     _setup_logging(args)
     try:
         peers = PeerPolicy.from_env(uids=",".join(args.allow_uid) if args.allow_uid else None,
@@ -95,6 +99,7 @@ def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True) -> N
     of another subcommand: its CUPTI flags are never parsed, so their help is not built)."""
     _add_server_flags(p, replay=False)
     _add_log_level(p)
+    _add_state_dir(p)
     if not cupti_flags:
         p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
         return

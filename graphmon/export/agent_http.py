@@ -292,7 +292,12 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
     st = agent.settings
     # The deploy verdict: each window is queued on the ingest thread, pooled and compared on its own
     # thread; /baseline pins through it (the same pooling).
-    verdict = DeployVerdict(lookup=agent.trace_lookup)
+    state = None
+    if st.state_dir:  # the CLI checked it is writable; an error here is the agent's start failing, said once
+        from graphmon.export.deploy_state import StateDir
+
+        state = StateDir(st.state_dir)
+    verdict = DeployVerdict(lookup=agent.trace_lookup, state=state)
     agent.window_hooks.append(verdict.on_window)
     agent.stop_hooks.append(verdict.stop)
     deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,

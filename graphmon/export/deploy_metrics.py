@@ -16,7 +16,7 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
 - ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
 - ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_ranks_forgotten_total``,
-  ``graphmon_deploy_computations_total{outcome}``.
+  ``graphmon_deploy_computations_total{outcome}``, ``graphmon_deploy_state_errors_total{op}`` (load | save).
 
 Series exist while the compared process is attached and the comparison is computed: a restart
 ends the previous verdict (its series go) until the new process has pooled enough replays.
@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from graphmon.analysis.deploy import KINDS, GraphVerdict
 from graphmon.export.aggregator import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
+from graphmon.export.deploy_state import STATE_ERRORS
 from graphmon.report.jsonsafe import json_safe
 
 GRAPH = ["rank", "device", "graph", "reference"]
@@ -119,6 +120,13 @@ class DeployCollector:
         for outcome in ("ok", "error"):
             comp.add_metric([outcome], self.verdict.computations.get(outcome, 0))
         yield comp
+        state = CounterMetricFamily("graphmon_deploy_state_errors",
+                                    "--state-dir files that could not be read (ignored: that rank starts without a "
+                                    "reference) or written (tried again), by operation.", labels=["op"])
+        errors = self.verdict.state.errors if self.verdict.state is not None else {}
+        for op in STATE_ERRORS:
+            state.add_metric([op], errors.get(op, 0))
+        yield state
 
 
 def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:
