@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -34,6 +34,7 @@ from graphmon.analysis.deploy import KINDS, GraphVerdict
 from graphmon.export.aggregator import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
 from graphmon.export.deploy_state import STATE_ERRORS
+from graphmon.export.identity import label_by_rank
 from graphmon.report.jsonsafe import json_safe
 
 GRAPH = ["rank", "device", "graph", "reference"]
@@ -54,8 +55,10 @@ class DeployCollector:
     """prometheus_client collector of the deploy verdict (one-method protocol)."""
 
     def __init__(self, verdict: DeployVerdict, live: Optional[Callable[[], Iterable[str]]] = None, *,
-                 max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128) -> None:
+                 max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128,
+                 labels: Optional[Callable[[], Mapping[str, Mapping[str, str]]]] = None) -> None:
         self.verdict, self.live = verdict, live
+        self.labels = labels  # rank -> the workload labels of its process (graphmon.export.identity)
         self.max_graphs, self.max_streams, self.max_label_length = max_graphs, max_streams, max_label_length
 
     def results(self) -> list[Result]:
@@ -65,6 +68,10 @@ class DeployCollector:
         return [r for k, r in sorted(res.items()) if live is None or r.current_incarnation in live]
 
     def collect(self) -> Iterable[Metric]:
+        by_rank = self.labels() if self.labels is not None else {}
+        return label_by_rank(self._collect(), by_rank)
+
+    def _collect(self) -> Iterable[Metric]:
         reg = GaugeMetricFamily("graphmon_deploy_regression",
                                 "1 for the kind of regression of a graph against the reference (the previous process "
                                 "of the rank, or the pinned baseline); 0 for the other kinds.", labels=GRAPH + ["kind"])
