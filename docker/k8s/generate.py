@@ -77,6 +77,10 @@ def podmonitor(selector: dict[str, str]) -> dict[str, Any]:
                 # GraphmonTargetDown watches job=~".*graphmon.*"; the operator adds namespace,
                 # pod and container labels, which the dashboards' variables filter on.
                 "relabelings": [{"targetLabel": "job", "replacement": "graphmon"}],
+                # An engine's series carry its own namespace, pod and container (the DaemonSet's
+                # agent serves every engine pod of its node): they win over the agent pod's
+                # target labels. Series the agent exports for itself keep the target's.
+                "honorLabels": True,
             }],
         },
     }
@@ -108,6 +112,22 @@ def dashboard_configmaps(label: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
+# The engine's workload identity for its series (graphmon.host.workload): the downward API has no
+# container name, so it is a literal. Set GRAPHMON_BUILD to the image tag to name builds by it
+# (default: the pod-template-hash a Deployment's ReplicaSet sets, one value per pod spec).
+WORKLOAD_ENV = [
+    {"name": "GRAPHMON_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "GRAPHMON_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "GRAPHMON_CONTAINER_NAME", "value": "engine"},
+    {"name": "GRAPHMON_POD_TEMPLATE_HASH",
+     "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['pod-template-hash']"}}},
+]
+# The DaemonSet agent's --state-dir: in the node folder of its socket, so that an agent that is
+# upgraded, evicted or restarted keeps each rank's reference (a node reboot, which restarts the
+# engines too, clears /run). 0700, the agent's alone.
+STATE_DIR = f"{SOCKET_DIR}/state"
+
+
 def _engine_container(engine_image: str) -> dict[str, Any]:
     """The engine as vllm/vllm-openai runs it: as root (its image sets no USER). Any uid works: the
     socket is 0660 in the socket group, which the pod gives every container as a supplementary group."""
@@ -115,7 +135,7 @@ def _engine_container(engine_image: str) -> dict[str, Any]:
         "name": "engine",
         "image": engine_image,
         "args": ["--model", "/models/my-model", "--port", "8000"],
-        "env": [{"name": "GRAPHMON_AGENT", "value": SOCKET}],
+        "env": [{"name": "GRAPHMON_AGENT", "value": SOCKET}, *WORKLOAD_ENV],
         "ports": [{"name": "http", "containerPort": 8000}],
         "volumeMounts": [{"name": "graphmon-socket", "mountPath": SOCKET_DIR}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
@@ -123,10 +143,11 @@ def _engine_container(engine_image: str) -> dict[str, Any]:
     }
 
 
-def _agent_container(image: str, gid: int) -> dict[str, Any]:
+def _agent_container(image: str, gid: int, state: bool = False) -> dict[str, Any]:
     """`graphmon agent` (the image's default command) as an unprivileged user with a read-only
-    root: it writes nothing but its socket, in the mounted socket folder."""
-    return {
+    root: it writes nothing but its socket, in the mounted socket folder (and, with ``state``, the
+    deploy verdict's references in the state folder)."""
+    c = {
         "name": "graphmon-agent",
         "image": image,
         "args": ["agent"],
@@ -148,6 +169,9 @@ def _agent_container(image: str, gid: int) -> dict[str, Any]:
                             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
+    if state:
+        c["env"].append({"name": "GRAPHMON_STATE_DIR", "value": STATE_DIR})
+    return c
 
 
 def _engine_deployment(engine_image: str, pod_labels: dict[str, str], pod_security: dict[str, Any],
@@ -187,11 +211,14 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
     labels = {"app.kubernetes.io/name": "graphmon-agent", "app.kubernetes.io/part-of": "graphmon"}
     # hostPath folders are created root:root 0755 and fsGroup does not apply to them: a root init
     # container gives the folder to the socket group ``gid`` (0770) so that the agent can create its socket there.
+    # The state folder in it (the deploy verdict's references, kept across agent restarts) is the agent's alone.
     prepare = {
         "name": "socket-dir",
         "image": image,
         "command": ["python3", "-c", f"import os; os.chown({SOCKET_DIR!r}, 0, {gid}); "
-                    f"os.chmod({SOCKET_DIR!r}, 0o770)"],
+                    f"os.chmod({SOCKET_DIR!r}, 0o770); os.makedirs({STATE_DIR!r}, exist_ok=True); "
+                    # chmod while root owns it: CHOWN is the one capability this container has
+                    f"os.chmod({STATE_DIR!r}, 0o700); os.chown({STATE_DIR!r}, {AGENT_UID}, {gid})"],
         "volumeMounts": [{"name": "graphmon-socket", "mountPath": SOCKET_DIR}],
         "securityContext": {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
@@ -211,7 +238,7 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
                     "volumes": [{"name": "graphmon-socket",
                                  "hostPath": {"path": SOCKET_DIR, "type": "DirectoryOrCreate"}}],
                     "initContainers": [prepare],
-                    "containers": [_agent_container(image, gid)],
+                    "containers": [_agent_container(image, gid, state=True)],
                 },
             },
         },

@@ -113,7 +113,9 @@ def _pod_specs() -> dict[str, dict]:
 
 
 def _env(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """Literal values; a downward-API value as ``fieldRef:<its field path>``."""
+    return {e["name"]: e["value"] if "value" in e else "fieldRef:" + e["valueFrom"]["fieldRef"]["fieldPath"]
+            for e in container.get("env", [])}
 
 
 def _agent_pod_and_engine_pod(name: str) -> tuple[dict, dict, dict, dict]:
