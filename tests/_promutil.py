@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = ROOT / "dashboards"
 ALERTS = DASHBOARDS / "alerts.yml"
 ALERTS_TEST = DASHBOARDS / "alerts_test.yml"
+K8S = ROOT / "docker" / "k8s"
 
 # CI sets this: a missing promtool/prometheus then fails the test instead of skipping it.
 REQUIRE = os.environ.get("GRAPHMON_REQUIRE_PROMETHEUS") == "1"

@@ -14,6 +14,8 @@ Writes:
   agent-sidecar.yaml        an example Deployment: engine container + graphmon agent sidecar
   agent-daemonset.yaml      the agent as a DaemonSet (one per GPU node, socket on a hostPath)
                             and an example engine Deployment that uses it
+  canary-analysis.yaml      an Argo Rollouts AnalysisTemplate and a Flagger MetricTemplate that fail
+                            a canary whose graphs regressed against the stable pods
 
 kube-prometheus-stack's Prometheus only selects PodMonitors and PrometheusRules that carry the
 label ``release: <its Helm release name>`` (its podMonitorSelector / ruleSelector); --release
@@ -249,6 +251,62 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
     return [daemonset, engine]
 
 
+# ------------------------------------------------------------------ canary analysis
+def regressed_graphs_query(new: str, ref: str, window: str) -> str:
+    """PromQL: how many graphs the pods selected by ``new`` regressed against those selected by
+    ``ref`` (label matchers), by the fleet verdict's net-harm rule (dashboards/alerts.yml
+    graphmon-fleet): exact means per replay over ``window``, each side >= 0.1 replays/s; 0 if none."""
+    def means(sel: str) -> tuple[str, str, str]:
+        replays = f"(sum by (graph) (rate(graphmon_replay_gpu_seconds_count{{{sel}}}[{window}])) > 0.1)"
+        return tuple(f"(sum by (graph) (rate({m}_sum{{{sel}}}[{window}])) / {replays})"
+                     for m in ("graphmon_kernel_gap_seconds", "graphmon_replay_gpu_seconds", "graphmon_replay_idle_seconds"))
+
+    (g1, s1, i1), (g0, s0, i0) = means(new), means(ref)
+    return (f"count(\n  ({g1} - {g0} > 1e-6)\n  and (({g1} - {g0}) / {i0} > 0.02)\n"
+            f"  and (({s1} - {s0} > 1e-6) or (({i1} - {i0} > 1e-6) and ({s1} - {s0} > -1e-6)))\n) or vector(0)")
+
+
+def argo_analysis_template() -> dict[str, Any]:
+    """Argo Rollouts: the canary's pods (rollouts-pod-template-hash = the Latest hash) against the
+    stable ones, every 2 minutes; the rollout aborts on a regressed graph, or when the canary sends
+    no replays (graphmon not attached must not pass a build unseen)."""
+    new = 'namespace="{{args.namespace}}", build="{{args.canary-hash}}"'
+    ref = 'namespace="{{args.namespace}}", build="{{args.stable-hash}}"'
+    prom = {"address": "{{args.prometheus-address}}"}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AnalysisTemplate",
+        "metadata": {"name": "graphmon-deploy-regression", "labels": dict(APP_LABELS)},
+        "spec": {
+            "args": [{"name": "namespace"}, {"name": "canary-hash"}, {"name": "stable-hash"},
+                     {"name": "prometheus-address", "value": "http://prometheus-operated.monitoring.svc:9090"}],
+            "metrics": [
+                {"name": "graphmon-regressed-graphs", "interval": "2m", "count": 5, "failureLimit": 0,
+                 "successCondition": "result[0] == 0",
+                 "provider": {"prometheus": {**prom, "query": regressed_graphs_query(new, ref, "5m")}}},
+                {"name": "graphmon-canary-replays", "interval": "2m", "count": 5, "failureLimit": 1,
+                 "successCondition": "result[0] >= 0.1",
+                 "provider": {"prometheus": {**prom, "query": (
+                     f"sum(rate(graphmon_replay_gpu_seconds_count{{{new}}}[5m])) or vector(0)")}}},
+            ],
+        },
+    }
+
+
+def flagger_metric_template() -> dict[str, Any]:
+    """Flagger: the canary Deployment's pods (workload = the target) against the primary's
+    (``<target>-primary``), over the analysis interval; the Canary sets ``thresholdRange: {max: 0}``."""
+    new = 'namespace="{{ namespace }}", workload="{{ target }}"'
+    ref = 'namespace="{{ namespace }}", workload="{{ target }}-primary"'
+    return {
+        "apiVersion": "flagger.app/v1beta1",
+        "kind": "MetricTemplate",
+        "metadata": {"name": "graphmon-deploy-regression", "labels": dict(APP_LABELS)},
+        "spec": {"provider": {"type": "prometheus", "address": "http://prometheus-operated.monitoring.svc:9090"},
+                 "query": regressed_graphs_query(new, ref, "{{ interval }}")},
+    }
+
+
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (PromQL, dashboard JSON) as literal blocks, so the files read and diff
     like their sources."""
@@ -270,6 +328,7 @@ def build(selector: dict[str, str], dashboard_label: dict[str, str], image: str,
         "dashboards-configmap.yaml": _dump(dashboard_configmaps(dashboard_label), "dashboards/generate.py"),
         "agent-sidecar.yaml": _dump([agent_sidecar(image, engine_image, socket_gid)], "its defaults"),
         "agent-daemonset.yaml": _dump(agent_daemonset(image, engine_image, socket_gid), "its defaults"),
+        "canary-analysis.yaml": _dump([argo_analysis_template(), flagger_metric_template()], "its defaults"),
     }
 
 

@@ -243,6 +243,8 @@ def _round_trip_models():
     kubernetes = pytest.importorskip("kubernetes")
     from cloudcoil.models.prometheus_operator import v1 as monitoring
 
+    import crd_models
+
     client = kubernetes.client.ApiClient()
 
     def k8s(model):
@@ -254,7 +256,9 @@ def _round_trip_models():
     return {("apps/v1", "Deployment"): k8s("V1Deployment"), ("apps/v1", "DaemonSet"): k8s("V1DaemonSet"),
             ("v1", "ConfigMap"): k8s("V1ConfigMap"),
             ("monitoring.coreos.com/v1", "PodMonitor"): crd(monitoring.PodMonitor),
-            ("monitoring.coreos.com/v1", "PrometheusRule"): crd(monitoring.PrometheusRule)}
+            ("monitoring.coreos.com/v1", "PrometheusRule"): crd(monitoring.PrometheusRule),
+            ("argoproj.io/v1alpha1", "AnalysisTemplate"): crd(crd_models.AnalysisTemplate),
+            ("flagger.app/v1beta1", "MetricTemplate"): crd(crd_models.MetricTemplate)}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in K8S.glob("*.yaml")))
