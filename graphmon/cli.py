@@ -108,7 +108,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                     min_replays=args.min_replays)
     from graphmon.analysis.deploy import Gate, judge
 
-    gate = Gate(min_added_ns=args.min_added_ns, min_added_rel=args.min_added_rel)
+    gate = Gate(min_added_ns=args.min_added_ns, min_added_rel=args.min_added_rel, net_harm=not args.fail_on_widening)
     _check_plot_path(args.plot)
     if args.top < 1:
         raise CliError("--top must be >= 1")
@@ -287,7 +287,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_attach_flags(rc, full or command == "record", server)
     rc.set_defaults(func=_cmd_record)
 
-    cp = sub.add_parser("compare", help="flag gap regressions between two traces: per stream and per boundary "
+    cp = sub.add_parser("compare", help="flag gap regressions between two traces: per stream and per boundary, "
+                                        "paging only when the replay got slower as a whole "
                                         "(exit 1 on a regression of a --fail-on kind)")
     cp.add_argument("baseline", metavar="BASELINE", help="trace file (any format graphmon reads)")
     cp.add_argument("current", metavar="CURRENT", help="trace file (any format graphmon reads)")
@@ -307,6 +308,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                          "replay (default 1000 ns) ...")
     cp.add_argument("--min-added-rel", type=float, default=0.02,
                     help="... and at least this share of the baseline's median idle time per replay (default 0.02)")
+    cp.add_argument("--fail-on-widening", action="store_true",
+                    help="exit 1 on any widening that passes the gate, even when the replay as a whole did not get "
+                         "slower (default: a widening is a regression only when the median idle time or span per "
+                         "replay rose by --min-added-ns with a bootstrap interval above 0)")
     cp.add_argument("--plot", metavar="OUT.png|OUT.html",
                     help="draw per-stream gap distributions before/after and the per-boundary shift")
     _add_wide(cp)

@@ -24,7 +24,7 @@ _HTTP_FIELDS = ("host", "port", "token", "token_file", "web_config_file", "prote
                 "keep_alive_timeout_s", "max_trace_downloads", "trace_cache_bytes")
 SERVER_FIELDS = {
     "serve": _HTTP_FIELDS + ("window_interval_s", "replays_per_window"),
-    "agent": _HTTP_FIELDS + ("expect_processes",),  # agent, run and record
+    "agent": _HTTP_FIELDS + ("expect_processes", "state_dir"),  # agent, run and record
 }
 # Flags named as other exporters name them (node_exporter's --web.config.file), besides graphmon's own spelling.
 FLAG_NAMES = {"web_config_file": ("--web.config.file", "--web-config-file")}
@@ -58,6 +58,13 @@ def _settings_from_args(args: argparse.Namespace):
             load_web_config(settings.web_config_file)
         except WebConfigError as e:
             raise CliError(str(e)) from None
+    if settings.state_dir:  # an agent that cannot write its state directory: one line, before anything starts
+        from graphmon.export.deploy_state import StateDir
+
+        try:
+            StateDir(settings.state_dir)
+        except OSError as e:
+            raise CliError(f"--state-dir {settings.state_dir}: {e.strerror or e}") from None
     return settings
 
 
@@ -105,7 +112,8 @@ def _add_server_flags(p: argparse.ArgumentParser, kind: str = "serve", full: boo
             kw["action"] = argparse.BooleanOptionalAction
         else:
             kw["type"] = typ
-            kw["metavar"] = {int: "N", float: "X"}.get(typ, "FILE" if name.endswith("_file") else None)
+            kw["metavar"] = {int: "N", float: "X"}.get(typ, "FILE" if name.endswith("_file") else
+                                                       "DIR" if name.endswith("_dir") else None)
         p.add_argument(*FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),)), dest=name, **kw)
 
 

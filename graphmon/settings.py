@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     keep_alive_timeout_s: int = Field(5, ge=1, le=600, description="idle keep-alive connections are closed after this")
     max_trace_downloads: int = Field(4, ge=1, description="concurrent GET /trace downloads (more get 503)")
     trace_cache_bytes: int = Field(64 * 2**20, ge=0, description="rendered /trace bodies kept (shared by downloads)")
+    state_dir: Optional[str] = Field(None, description="agent: keep the deploy verdict's references here, so that an "
+                                                       "agent restart keeps them (a node path for the DaemonSet)")
     cupti: CuptiSettings = Field(default_factory=CuptiSettings, description="live CUPTI sampling")
 
     @field_validator("token", "token_file", "web_config_file")

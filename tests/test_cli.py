@@ -365,7 +365,11 @@ def test_compare_shows_demangled_names(tmp_path, capsys):
     base = read_trace(NATIVE, progress=False)
     cur = tmp_path / "cur.graphmon.npz"
     write_trace(widen_at(base, base.graph_names().index("decode_bs2/no_upload"), 154, [10, 40, 100]), cur)
-    assert main(["compare", str(NATIVE), str(cur)]) == 1  # +15 us per replay, concentrated: the gate fails
+    # +15 us of gap per replay on a side stream whose kernels are off the critical path: the replay
+    # spans 0.55 us more, below the 1 us the net-harm rule asks; the strict rule fails it
+    assert main(["compare", str(NATIVE), str(cur)]) == 0
+    assert "widened (concentrated, boundaries) but not slower (unchanged)" in capsys.readouterr().out
+    assert main(["compare", "--fail-on-widening", str(NATIVE), str(cur)]) == 1
     rows = [ln for ln in capsys.readouterr().out.splitlines() if " -> " in ln and "WIDE" in ln]
     assert len(rows) == 3 and not any("_Z" in ln for ln in rows)
     assert all(re.search(r"[A-Za-z_]+(<.*>)? -> [A-Za-z_]+", ln.split("WIDE", 1)[1]) for ln in rows)

@@ -14,6 +14,8 @@ Writes:
   agent-sidecar.yaml        an example Deployment: engine container + graphmon agent sidecar
   agent-daemonset.yaml      the agent as a DaemonSet (one per GPU node, socket on a hostPath)
                             and an example engine Deployment that uses it
+  canary-analysis.yaml      an Argo Rollouts AnalysisTemplate and a Flagger MetricTemplate that fail
+                            a canary whose graphs regressed against the stable pods
 
 kube-prometheus-stack's Prometheus only selects PodMonitors and PrometheusRules that carry the
 label ``release: <its Helm release name>`` (its podMonitorSelector / ruleSelector); --release
@@ -82,6 +84,10 @@ def podmonitor(selector: dict[str, str]) -> dict[str, Any]:
                 # GraphmonTargetDown watches job=~".*graphmon.*"; the operator adds namespace,
                 # pod and container labels, which the dashboards' variables filter on.
                 "relabelings": [{"targetLabel": "job", "replacement": "graphmon"}],
+                # An engine's series carry its own namespace, pod and container (the DaemonSet's
+                # agent serves every engine pod of its node): they win over the agent pod's
+                # target labels. Series the agent exports for itself keep the target's.
+                "honorLabels": True,
             }],
         },
     }
@@ -113,6 +119,22 @@ def dashboard_configmaps(label: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
+# The engine's workload identity for its series (graphmon.host.workload): the downward API has no
+# container name, so it is a literal. Set GRAPHMON_BUILD to the image tag to name builds by it
+# (default: the pod-template-hash a Deployment's ReplicaSet sets, one value per pod spec).
+WORKLOAD_ENV = [
+    {"name": "GRAPHMON_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "GRAPHMON_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "GRAPHMON_CONTAINER_NAME", "value": "engine"},
+    {"name": "GRAPHMON_POD_TEMPLATE_HASH",
+     "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['pod-template-hash']"}}},
+]
+# The DaemonSet agent's --state-dir: in the node folder of its socket, so that an agent that is
+# upgraded, evicted or restarted keeps each rank's reference (a node reboot, which restarts the
+# engines too, clears /run). 0700, the agent's alone.
+STATE_DIR = f"{SOCKET_DIR}/state"
+
+
 def _engine_container(engine_image: str) -> dict[str, Any]:
     """The engine as vllm/vllm-openai runs it: as root (its image sets no USER). Any uid works: the
     socket is 0660 in the socket group, which the pod gives every container as a supplementary group."""
@@ -120,7 +142,7 @@ def _engine_container(engine_image: str) -> dict[str, Any]:
         "name": "engine",
         "image": engine_image,
         "args": ["--model", "/models/my-model", "--port", "8000"],
-        "env": [{"name": "GRAPHMON_AGENT", "value": SOCKET}],
+        "env": [{"name": "GRAPHMON_AGENT", "value": SOCKET}, *WORKLOAD_ENV],
         "ports": [{"name": "http", "containerPort": 8000}],
         "volumeMounts": [{"name": "graphmon-socket", "mountPath": SOCKET_DIR}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
@@ -149,6 +171,8 @@ def _agent_container(image: str, gid: int, daemonset: bool) -> dict[str, Any]:
     ]
     if daemonset:  # a node may serve no engine (idle, training, enforce_eager): GraphmonNoProcessAttached stays quiet
         env.append({"name": "GRAPHMON_EXPECT_PROCESSES", "value": "false"})
+        # the deploy verdict's references survive an agent restart, in the node folder (STATE_DIR)
+        env.append({"name": "GRAPHMON_STATE_DIR", "value": STATE_DIR})
     def health(**kw) -> dict[str, Any]:  # a new dict each time: YAML would write a shared one as an anchor
         return {"httpGet": {"path": "/healthz", "port": PORT_NAME}, **kw}
 
@@ -216,11 +240,14 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
     labels = {"app.kubernetes.io/name": "graphmon-agent", "app.kubernetes.io/part-of": "graphmon"}
     # hostPath folders are created root:root 0755 and fsGroup does not apply to them: a root init
     # container gives the folder to the socket group ``gid`` (0770) so that the agent can create its socket there.
+    # The state folder in it (the deploy verdict's references, kept across agent restarts) is the agent's alone.
     prepare = {
         "name": "socket-dir",
         "image": image,
         "command": ["python3", "-c", f"import os; os.chown({SOCKET_DIR!r}, 0, {gid}); "
-                    f"os.chmod({SOCKET_DIR!r}, 0o770)"],
+                    f"os.chmod({SOCKET_DIR!r}, 0o770); os.makedirs({STATE_DIR!r}, exist_ok=True); "
+                    # chmod while root owns it: CHOWN is the one capability this container has
+                    f"os.chmod({STATE_DIR!r}, 0o700); os.chown({STATE_DIR!r}, {AGENT_UID}, {gid})"],
         "volumeMounts": [{"name": "graphmon-socket", "mountPath": SOCKET_DIR}],
         "securityContext": {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
@@ -251,6 +278,62 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
     return [daemonset, engine]
 
 
+# ------------------------------------------------------------------ canary analysis
+def regressed_graphs_query(new: str, ref: str, window: str) -> str:
+    """PromQL: how many graphs the pods selected by ``new`` regressed against those selected by
+    ``ref`` (label matchers), by the fleet verdict's net-harm rule (dashboards/alerts.yml
+    graphmon-fleet): exact means per replay over ``window``, each side >= 0.1 replays/s; 0 if none."""
+    def means(sel: str) -> tuple[str, str, str]:
+        replays = f"(sum by (graph) (rate(graphmon_replay_gpu_seconds_count{{{sel}}}[{window}])) > 0.1)"
+        return tuple(f"(sum by (graph) (rate({m}_sum{{{sel}}}[{window}])) / {replays})"
+                     for m in ("graphmon_kernel_gap_seconds", "graphmon_replay_gpu_seconds", "graphmon_replay_idle_seconds"))
+
+    (g1, s1, i1), (g0, s0, i0) = means(new), means(ref)
+    return (f"count(\n  ({g1} - {g0} > 1e-6)\n  and (({g1} - {g0}) / {i0} > 0.02)\n"
+            f"  and (({s1} - {s0} > 1e-6) or (({i1} - {i0} > 1e-6) and ({s1} - {s0} > -1e-6)))\n) or vector(0)")
+
+
+def argo_analysis_template() -> dict[str, Any]:
+    """Argo Rollouts: the canary's pods (rollouts-pod-template-hash = the Latest hash) against the
+    stable ones, every 2 minutes; the rollout aborts on a regressed graph, or when the canary sends
+    no replays (graphmon not attached must not pass a build unseen)."""
+    new = 'namespace="{{args.namespace}}", build="{{args.canary-hash}}"'
+    ref = 'namespace="{{args.namespace}}", build="{{args.stable-hash}}"'
+    prom = {"address": "{{args.prometheus-address}}"}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AnalysisTemplate",
+        "metadata": {"name": "graphmon-deploy-regression", "labels": dict(APP_LABELS)},
+        "spec": {
+            "args": [{"name": "namespace"}, {"name": "canary-hash"}, {"name": "stable-hash"},
+                     {"name": "prometheus-address", "value": "http://prometheus-operated.monitoring.svc:9090"}],
+            "metrics": [
+                {"name": "graphmon-regressed-graphs", "interval": "2m", "count": 5, "failureLimit": 0,
+                 "successCondition": "result[0] == 0",
+                 "provider": {"prometheus": {**prom, "query": regressed_graphs_query(new, ref, "5m")}}},
+                {"name": "graphmon-canary-replays", "interval": "2m", "count": 5, "failureLimit": 1,
+                 "successCondition": "result[0] >= 0.1",
+                 "provider": {"prometheus": {**prom, "query": (
+                     f"sum(rate(graphmon_replay_gpu_seconds_count{{{new}}}[5m])) or vector(0)")}}},
+            ],
+        },
+    }
+
+
+def flagger_metric_template() -> dict[str, Any]:
+    """Flagger: the canary Deployment's pods (workload = the target) against the primary's
+    (``<target>-primary``), over the analysis interval; the Canary sets ``thresholdRange: {max: 0}``."""
+    new = 'namespace="{{ namespace }}", workload="{{ target }}"'
+    ref = 'namespace="{{ namespace }}", workload="{{ target }}-primary"'
+    return {
+        "apiVersion": "flagger.app/v1beta1",
+        "kind": "MetricTemplate",
+        "metadata": {"name": "graphmon-deploy-regression", "labels": dict(APP_LABELS)},
+        "spec": {"provider": {"type": "prometheus", "address": "http://prometheus-operated.monitoring.svc:9090"},
+                 "query": regressed_graphs_query(new, ref, "{{ interval }}")},
+    }
+
+
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (PromQL, dashboard JSON) as literal blocks, so the files read and diff
     like their sources."""
@@ -272,6 +355,7 @@ def build(selector: dict[str, str], dashboard_label: dict[str, str], image: str,
         "dashboards-configmap.yaml": _dump(dashboard_configmaps(dashboard_label), "dashboards/generate.py"),
         "agent-sidecar.yaml": _dump([agent_sidecar(image, engine_image, socket_gid)], "its defaults"),
         "agent-daemonset.yaml": _dump(agent_daemonset(image, engine_image, socket_gid), "its defaults"),
+        "canary-analysis.yaml": _dump([argo_analysis_template(), flagger_metric_template()], "its defaults"),
     }
 
 

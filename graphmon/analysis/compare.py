@@ -15,15 +15,21 @@ A (graph, stream) pair is flagged as a **regression** only when all of these hol
   tested pairs.
 The same rule with the sign reversed reports an "improvement" (never fails CI).
 
+Per matched graph, the replay as a whole is tested too (:class:`ReplayShift`): the shift of the
+median span and of the median idle time (span - busy) per replay, with the same bootstrap
+interval. :mod:`graphmon.analysis.deploy` uses it for **net harm**: a widening pages only when the
+replay got slower as a whole.
+
 Why 128 ns / 20% and not 2 ticks / 10%: two captures of the *same* graph differ (instance-to-
 instance variance). In the bundled H200 capture, decode_bs2 uploaded vs not differ by +80 ns
 (+11.6%) on one side stream, Bonferroni-adjusted p = 1e-5; a 2-tick/10% rule would flag that. Across all
 null pairs, 9 streams have p_adj < 0.01 with |shift| <= 80 ns (<= 11.6%). The numbers are in
 docs/ab/compare-null.json (bench/ab_compare_null.py). The motivating regression (0.19 -> 0.51 µs,
 +320 ns, +168%) is far above both thresholds. The price: a real gap shift below 128 ns or 20%
-is reported (shift, CI, p) but not flagged, and replay span is informational only, since one
-capture per side cannot separate a 1-2% span change from ±1.5% instance variance (use
-``graphmon ab`` with several instances per arm for that).
+is reported (shift, CI, p) but not flagged. The replay's span and idle time never flag a stream:
+their intervals are within one capture per side, which cannot separate a 1-2% span change from
+±1.5% instance variance (use ``graphmon ab`` with several instances per arm for that); the deploy
+verdict uses them only to ask whether a widening made the replay slower as a whole.
 
 Matching graphs (first rule that applies, each graph used once):
   1. explicit pairs (``pairs=``/``--pair BASE=CUR``, by display name, label or key); when pairs
@@ -42,7 +48,7 @@ fork order inside a graph is fixed by its dependencies, so rank order pairs up t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -74,6 +80,34 @@ class StreamShift:
 
 
 @dataclass(frozen=True)
+class ReplayShift:
+    """Shift of one per-replay measure (span or idle) of a graph: medians, shift and its interval."""
+
+    measure: str  # span | idle
+    replays_baseline: int
+    replays_current: int
+    median_baseline_ns: float
+    median_current_ns: float
+    shift_ns: float  # current - baseline; NaN when a side has fewer than min_replays replays
+    ci_low_ns: float  # bootstrap percentile CI of shift_ns
+    ci_high_ns: float
+
+    @property
+    def tested(self) -> bool:
+        return self.shift_ns == self.shift_ns  # not NaN
+
+
+def replay_shift(measure: str, base: np.ndarray, cur: np.ndarray, th: Thresholds) -> ReplayShift:
+    nan = float("nan")
+    if min(len(base), len(cur)) < th.min_replays:
+        return ReplayShift(measure, len(base), len(cur), float(np.median(base)) if len(base) else nan,
+                           float(np.median(cur)) if len(cur) else nan, nan, nan, nan)
+    t = shift_test(base, cur, th)
+    return ReplayShift(measure, len(base), len(cur), t["median_baseline_ns"], t["median_current_ns"],
+                       t["shift_ns"], t["ci_low_ns"], t["ci_high_ns"])
+
+
+@dataclass(frozen=True)
 class GraphPair:
     baseline: str
     current: str
@@ -86,7 +120,9 @@ class GraphPair:
     replays_current: int
     span_median_baseline_ns: float
     span_median_current_ns: float
-    span_rel_shift: float  # informational only: never flagged (see docs)
+    span_rel_shift: float  # never flags a stream (see docs)
+    span: Optional[ReplayShift] = None  # the replay as a whole (graphmon.analysis.deploy's net harm)
+    idle: Optional[ReplayShift] = None
     unmatched_streams_baseline: list[int] = field(default_factory=list)
     unmatched_streams_current: list[int] = field(default_factory=list)
 
@@ -128,7 +164,7 @@ class Comparison:
                 f"replays {g.replays_baseline}/{g.replays_current}; kernels/replay "
                 f"{g.kernels_per_replay_baseline:g}/{g.kernels_per_replay_current:g}; span median "
                 f"{g.span_median_baseline_ns / 1e3:.2f} -> {g.span_median_current_ns / 1e3:.2f} us "
-                f"({g.span_rel_shift:+.2%}, informational))"
+                f"({g.span_rel_shift:+.2%}){_idle_text(g.idle)})"
             )
             lines.append(f"  {'stream':>15} {'base ns':>9} {'cur ns':>9} {'shift':>8} {'rel':>8} "
                          f"{'95% CI ns':>17} {'cliff':>6} {'p_adj':>9}  verdict")
@@ -153,6 +189,12 @@ class Comparison:
         return "\n".join(lines)
 
 
+def _idle_text(r: Optional[ReplayShift]) -> str:
+    if r is None or not r.tested:
+        return ""
+    return f"; idle median {r.median_baseline_ns / 1e3:.2f} -> {r.median_current_ns / 1e3:.2f} us"
+
+
 def _pair_name(b: str, c: str) -> str:
     return b if b == c else f"{b} -> {c}"
 
@@ -169,6 +211,7 @@ class _Unit:
     streams: int
     rows: np.ndarray  # rows of ReplayStreamGaps
     spans: np.ndarray
+    idles: np.ndarray
 
 
 def graph_units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
@@ -181,7 +224,7 @@ def graph_units(trace: Trace, rsg: ReplayStreamGaps) -> list[_Unit]:
         rsel = (rep.device == d) & (rep.graph == g)
         info = trace.graphs[g]
         out.append(_Unit(d, g, names[g], info.key, info.label, float(np.median(rep.kernels[rsel])),
-                         len(np.unique(rsg.stream[rows])), rows, rep.span_ns[rsel]))
+                         len(np.unique(rsg.stream[rows])), rows, rep.span_ns[rsel], rep.idle_ns[rsel]))
     return out
 
 
@@ -261,6 +304,7 @@ def compare(baseline: Trace, current: Trace, *, pairs: Sequence[tuple[str, str]]
             replays_baseline=len(bu.spans), replays_current=len(cu.spans),
             span_median_baseline_ns=span_b, span_median_current_ns=span_c,
             span_rel_shift=(span_c - span_b) / span_b if span_b else 0.0,
+            span=replay_shift("span", bu.spans, cu.spans, th), idle=replay_shift("idle", bu.idles, cu.idles, th),
             unmatched_streams_baseline=ob, unmatched_streams_current=oc,
         ))
         for s_b, s_c, rank in smatch:

@@ -3,24 +3,37 @@
 One rule for three uses: ``graphmon compare`` (a CI gate on two trace files), the agent's verdict
 after a restart (the previous process of the same rank is the reference) and a pinned baseline.
 It adds no statistics of its own: it reads :func:`graphmon.analysis.compare.compare` (per-stream
-shift of the per-replay median gap, its bootstrap interval, Mann-Whitney with Bonferroni) and
+shift of the per-replay median gap, its bootstrap interval, Mann-Whitney with Bonferroni; the
+shift of the median span and idle time per replay with their intervals) and
 :func:`graphmon.analysis.boundaries.attribute` (which boundaries moved; uniform / concentrated /
 mixed) and decides, per matched graph:
 
-- **regression** when compare flags one of its streams, or when the boundary verdict is
-  uniform, concentrated or mixed and the gap the named boundaries added per replay passes the
+- **widening** when compare flags one of its streams, or when the boundary verdict is uniform,
+  concentrated or mixed and the gap the named boundaries added per replay passes the
   :class:`Gate` (absolute AND relative to the reference's median idle time per replay). The named
   boundaries are the widened ones (the moved ones for ``uniform``); their summed median shift is
   ``gap_added_ns``. Why a gate on top of the boundary verdict: a single boundary widened by 300 ns
   is real (above every capture-to-capture difference) but costs a replay 0.3 us; CI should fail on
   what costs time, and say how much.
-- **kind**: the boundary verdict (``uniform`` | ``concentrated`` | ``mixed``); ``uniform`` when
-  compare flags a stream but no boundary widened (a spread shift below the widened threshold).
+- **net** (:func:`net_effect`), the replay as a whole: ``slower`` when the median idle time or the
+  median span per replay rose by at least the gate's ``min_added_ns`` with a bootstrap interval
+  above 0 (and the span did not fall); ``faster`` when the span fell (interval below 0); ``unchanged``; ``insufficient`` (fewer
+  than ``min_replays`` replays on a side).
+- **regression** = widening AND net ``slower``. A widening inside a replay that did not get slower
+  (a rollback that undid a slow node but moved one boundary; a build that dropped many small gaps
+  and added a few large ones) is reported with its kind, boundaries and gap added, and never pages.
+  ``Gate(net_harm=False)`` (``compare --fail-on-widening``) keeps the strict rule: any widening.
+- **kind**: the widening's boundary verdict (``uniform`` | ``concentrated`` | ``mixed``);
+  ``uniform`` when compare flags a stream but no boundary widened (a spread shift below the widened
+  threshold); ``none`` without a widening.
 
 Why compare alone is not enough: a few boundaries widened by microseconds (a new sync, a slow
 memcpy node) move no stream's per-replay median, so compare's stream test stays quiet while every
 replay is slower: +5 us on three boundaries of the H200 decode graph is +15 us per replay (6 % of
-its idle time) and compare flags no stream (tests/test_cli.py).
+its idle time) and compare flags no stream (tests/test_cli.py). Why widened boundaries alone are not
+enough: they ignore what got faster. On the H200, a rollback from a build with a copy node after
+every kernel narrowed every stream's median gap by 1.5 us and one boundary by chance widened by
+7.4 us: a page for a build whose replays ran 32% faster.
 """
 
 from __future__ import annotations
@@ -30,11 +43,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
 from graphmon.analysis.boundaries import Attribution, attribute, attribution_json
-from graphmon.analysis.compare import Comparison, compare
+from graphmon.analysis.compare import Comparison, ReplayShift, compare
 from graphmon.analysis.significance import Thresholds
 from graphmon.model.trace import Trace, TraceError
 
 KINDS = ("uniform", "concentrated", "mixed")
+NETS = ("slower", "faster", "unchanged", "insufficient")
 FAIL_ON = ("uniform", "concentrated", "any")  # concentrated covers mixed: both are "not the whole graph"
 
 
@@ -44,6 +58,7 @@ class Gate:
 
     min_added_ns: float = 1000.0  # 1 us per replay: ~4 widened boundaries of the smallest widening (256 ns)
     min_added_rel: float = 0.02  # of the reference's median idle time per replay (span - busy)
+    net_harm: bool = True  # a widening is a regression only when the replay got slower as a whole
 
     def __post_init__(self) -> None:
         if not (self.min_added_ns >= 0 and self.min_added_rel >= 0):
@@ -53,6 +68,23 @@ class Gate:
         if not (added_ns >= self.min_added_ns):
             return False
         return not (math.isfinite(idle_ns) and idle_ns > 0) or added_ns >= self.min_added_rel * idle_ns
+
+
+def net_effect(span: Optional[ReplayShift], idle: Optional[ReplayShift], gate: Gate) -> str:
+    """Did the replay as a whole get slower? (see the module docs; one of :data:`NETS`)
+
+    Both measures count: idle is the gap time alone, steadier when kernel durations vary; span is
+    the replay, so a build whose kernels got faster by more than its gaps widened is ``faster``.
+    """
+    if span is None or idle is None or not (span.tested and idle.tested):
+        return "insufficient"
+    if span.ci_high_ns < 0:
+        return "faster"
+    # The absolute part of the gate only: the widening already passed the relative one, and a
+    # replay 5 us slower (span +0.3%) is what three boundaries +5 us cost (the held-out case).
+    if any(r.ci_low_ns > 0 and r.shift_ns >= gate.min_added_ns for r in (idle, span)):
+        return "slower"
+    return "unchanged"
 
 
 @dataclass(frozen=True)
@@ -75,9 +107,9 @@ class StreamVerdict:
 class GraphVerdict:
     graph: str  # "name" or "base -> cur"
     device: int
-    kind: str  # none | uniform | concentrated | mixed
-    regression: bool
-    why: str  # "streams" (compare flagged a stream), "boundaries" (the gate passed), "" (no regression)
+    kind: str  # the widening's: none | uniform | concentrated | mixed
+    regression: bool  # widening AND net slower (or widening alone under Gate(net_harm=False))
+    why: str  # the widening's: "streams" (compare flagged a stream), "boundaries" (the gate passed), "" (none)
     boundary_verdict: str  # attribute's: none | uniform | concentrated | mixed
     gap_added_ns: float  # summed median shift of the named boundaries, per replay
     idle_baseline_ns: float  # median idle time per replay
@@ -87,7 +119,11 @@ class GraphVerdict:
     boundaries: int
     widened: int
     moved: int
-    flagged_streams: list[int]  # current stream ids the regression points at
+    flagged_streams: list[int]  # current stream ids the widening points at
+    widening: bool = False  # the gap rule alone (a flagged stream or gated boundaries)
+    net: str = "insufficient"  # the replay as a whole: slower | faster | unchanged | insufficient
+    span: Optional[ReplayShift] = None  # median span per replay, its shift and interval
+    idle: Optional[ReplayShift] = None  # median idle time per replay, its shift and interval
     streams: list[StreamVerdict] = field(default_factory=list)
     top: list[dict] = field(default_factory=list)  # attribute's top boundaries, JSON-ready
 
@@ -113,20 +149,36 @@ class Verdict:
 
     def format_table(self, fail_on: str = "any") -> str:
         g0 = self.gate
-        lines = ["", f"verdict (regression: a flagged stream, or boundaries that added >= {g0.min_added_ns / 1e3:g} us "
-                     f"and >= {g0.min_added_rel:.0%} of the idle time per replay; fail on: {fail_on})"]
+        rule = ("a widening (a flagged stream, or boundaries that added >= "
+                f"{g0.min_added_ns / 1e3:g} us and >= {g0.min_added_rel:.0%} of the idle time per replay)")
+        rule += (" in a replay that got slower as a whole (median idle or span per replay up by the same gate, "
+                 "interval above 0)" if g0.net_harm else "; --fail-on-widening: net change not asked")
+        lines = ["", f"verdict (regression: {rule}; fail on: {fail_on})"]
         for g in self.graphs:
-            state = f"REGRESSION ({g.kind}, {g.why})" if g.regression else "ok"
+            if g.regression:
+                state = f"REGRESSION ({g.kind}, {g.why})"
+            elif g.widening:
+                state = f"widened ({g.kind}, {g.why}) but not slower ({g.net}): not a regression"
+            else:
+                state = "ok"
             lines.append(f"graph {g.graph} (device {g.device}): {state}; boundaries {g.boundary_verdict}, "
                          f"{g.widened} widened; +{g.gap_added_ns / 1e3:.2f} us/replay against an idle median of "
                          f"{g.idle_baseline_ns / 1e3:.2f} us"
-                         + (f"; streams {', '.join(map(str, g.flagged_streams))}" if g.regression else ""))
+                         + (f"; streams {', '.join(map(str, g.flagged_streams))}" if g.widening else ""))
+            lines.append(f"  replay as a whole: {g.net}; " + "; ".join(_shift_text(r) for r in (g.span, g.idle) if r))
         bad = self.regressions(fail_on)
         lines.append("")
         lines.append(f"FAIL: {len(bad)} graph(s) regressed ({', '.join(sorted({g.kind for g in bad}))})" if bad
                      else "PASS: no regression" + ("" if not self.regressions() else
                                                    f" of kind {fail_on} (others: see above)"))
         return "\n".join(lines)
+
+
+def _shift_text(r: ReplayShift) -> str:
+    if not r.tested:
+        return f"{r.measure} median: {r.replays_baseline}/{r.replays_current} replays, too few to test"
+    return (f"{r.measure} median {r.median_baseline_ns / 1e3:.2f} -> {r.median_current_ns / 1e3:.2f} us "
+            f"({r.shift_ns / 1e3:+.2f} us, 95% CI [{r.ci_low_ns / 1e3:+.2f}, {r.ci_high_ns / 1e3:+.2f}])")
 
 
 def _clean(v):
@@ -160,7 +212,9 @@ def judge(comparison: Comparison, attribution: Attribution, gate: Optional[Gate]
                 named = sorted({int(s) for s in sh["stream_current"][mask].tolist()})
         by_streams = any(s.verdict == "regression" for s in rows)
         by_bounds = bverdict in KINDS and gate.passes(added, idle_b)
-        regression = by_streams or by_bounds
+        widening = by_streams or by_bounds
+        net = net_effect(gp.span, gp.idle, gate)
+        regression = widening and (net == "slower" or not gate.net_harm)
         kind = bverdict if bverdict in KINDS else ("uniform" if by_streams else "none")
         flagged = set(named) if by_bounds else set()
         flagged |= {s.stream_current for s in rows if s.verdict == "regression"}
@@ -168,16 +222,17 @@ def judge(comparison: Comparison, attribution: Attribution, gate: Optional[Gate]
             stream_baseline=s.stream_baseline, stream_current=s.stream_current, replays_baseline=s.replays_baseline,
             replays_current=s.replays_current, median_baseline_ns=s.median_baseline_ns,
             median_current_ns=s.median_current_ns, shift_ns=s.shift_ns, ci_low_ns=s.ci_low_ns, ci_high_ns=s.ci_high_ns,
-            p_adjusted=s.p_adjusted, verdict=s.verdict, flagged=regression and s.stream_current in flagged,
+            p_adjusted=s.p_adjusted, verdict=s.verdict, flagged=widening and s.stream_current in flagged,
         ) for s in rows]
         out.append(GraphVerdict(
-            graph=name, device=gp.device, kind=kind if regression else "none", regression=regression,
+            graph=name, device=gp.device, kind=kind if widening else "none", regression=regression,
             why="streams" if by_streams else "boundaries" if by_bounds else "", boundary_verdict=bverdict,
             gap_added_ns=added, idle_baseline_ns=idle_b, idle_current_ns=idle_c,
             replays_baseline=gp.replays_baseline, replays_current=gp.replays_current,
             boundaries=a.boundaries if a is not None else 0, widened=a.flagged if a is not None else 0,
             moved=a.moved if a is not None else 0,
-            flagged_streams=sorted(flagged) if regression else [], streams=streams,
+            flagged_streams=sorted(flagged) if widening else [], widening=widening, net=net, span=gp.span,
+            idle=gp.idle, streams=streams,
             top=attribution_json(a)["top"] if a is not None else [],
         ))
     return Verdict(graphs=out, unmatched_baseline=list(comparison.unmatched_baseline),

@@ -7,6 +7,8 @@ of the shared trace store), and a process that connects with the rank of a proce
 takes it over, so counters and histograms continue through a restart (one line per rank, graph
 and stream). A second *live* process claiming a rank gets ``<rank>@2`` (``@3`` ...: the lowest
 free one, so a restarted duplicate takes its series over too); the pid is never part of a rank.
+Only a process of the same workload (the hello's namespace, workload and container: one agent of
+a DaemonSet serves several engines' pods) takes a rank's series over; another gets ``@n`` too.
 A rank without a live process keeps its series (``graphmon_up`` 0, state stopped or lost) for
 ``keep_gone_s``, then they are dropped; graphs a successor no longer replays expire by
 ``stale_after_s`` in the aggregator.
@@ -31,6 +33,7 @@ from collections import deque
 from typing import Callable, Optional, Sequence
 
 from graphmon.export.aggregator import Aggregator
+from graphmon.export.identity import workload_labels, workload_of
 from graphmon.export.ranks import Attached, RankSeries
 from graphmon.export.snapshot import Snapshot
 from graphmon.export.tracestore import SharedTraceStore
@@ -124,18 +127,23 @@ class Agent:
             self.log(logging.WARNING, stage, "graphmon agent %s error (counted in /status errors_total): %r", stage, exc)
 
     # ------------------------------------------------------------------ listener callbacks (reader threads)
-    def _free_rank(self, want: str) -> str:
-        # Two live processes claiming one rank would give duplicate series (a failed scrape).
-        def live(r: str) -> bool:
+    def _free_rank(self, want: str, workload: tuple = ()) -> str:
+        # Two live processes claiming one rank would give duplicate series (a failed scrape). A
+        # rank's series are taken over only by a process of the same workload (namespace, workload,
+        # container): in a DaemonSet one agent serves several engines' pods, each with a rank 0,
+        # and the deploy verdict compares a rank's process with the one before it.
+        def free(r: str) -> bool:
             s = self.ranks.get(r)
-            return s is not None and s.holder is not None and s.holder.gone_s is None
+            if s is None:
+                return True
+            h = s.holder
+            return (h is None or h.gone_s is not None) and (h is None or workload_of(h.proc.identity) == workload)
 
-        if not live(want):
-            return want
-        n = 2
-        while live(f"{want}@{n}"):
+        r, n = want, 1
+        while not free(r):
             n += 1
-        return f"{want}@{n}"
+            r = f"{want}@{n}"
+        return r
 
     def _new_series(self, rank: str) -> RankSeries:
         st = self.settings
@@ -154,7 +162,7 @@ class Agent:
     def _on_connect(self, proc: RemoteProcess) -> None:
         with self._lock:
             key = f"i{next(self._seq)}"
-            rank = self._free_rank(proc.identity.get("rank") or "unknown")
+            rank = self._free_rank(proc.identity.get("rank") or "unknown", workload_of(proc.identity))
             series = self.ranks.get(rank)
             if series is None:
                 series = self.ranks[rank] = self._new_series(rank)
@@ -174,7 +182,9 @@ class Agent:
         series.aggregator.process = {"rank": rank, "pid": ident.get("pid", str(proc.peer_pid)),
                                      "host": ident.get("host", ""), "device": ident.get("device", ""),
                                      "uuid": ident.get("uuid", ""), "pci_bus_id": ident.get("pci_bus_id", ""),
-                                     "gpu_name": ident.get("gpu_name", "")}
+                                     "gpu_name": ident.get("gpu_name", ""),
+                                     "process_start_s": ident.get("process_start_s", ""),
+                                     **workload_labels(ident, self.settings.max_label_length)}
         series.on_status(a)
         if self.recorder_factory is not None:
             a.recorder = self.recorder_factory({**proc.identity, **a.identity()})

@@ -284,6 +284,13 @@ def status(agent: Agent) -> dict:
             "errors_total": dict(agent.errors)}
 
 
+def _workload_labels(agent: Agent) -> dict[str, dict[str, str]]:
+    """rank -> the workload labels of its (last) process, as its series carry them."""
+    from graphmon.export.identity import workload_labels
+
+    return {r: labels for r, s in dict(agent.ranks).items() if (labels := workload_labels(s.aggregator.process))}
+
+
 def _live_incarnations(agent: Agent) -> set[str]:
     """The processes connected now, as the deploy verdict names them (Attached.incarnation)."""
     return {a.incarnation for a in agent.attached() if a.gone_s is None}
@@ -298,11 +305,17 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
     st = agent.settings
     # The deploy verdict: each window is queued on the ingest thread, pooled and compared on its own
     # thread; /baseline pins through it (the same pooling).
-    verdict = DeployVerdict(lookup=agent.trace_lookup)
+    state = None
+    if st.state_dir:  # the CLI checked it is writable; an error here is the agent's start failing, said once
+        from graphmon.export.deploy_state import StateDir
+
+        state = StateDir(st.state_dir)
+    verdict = DeployVerdict(lookup=agent.trace_lookup, state=state)
     agent.window_hooks.append(verdict.on_window)
     agent.stop_hooks.append(verdict.stop)
     deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,
-                                            max_streams=st.max_streams, max_label_length=st.max_label_length)
+                                            max_streams=st.max_streams, max_label_length=st.max_label_length,
+                                            labels=lambda: _workload_labels(agent))
 
     def extra_status() -> dict:
         return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_incarnations(agent), st.max_graphs)}

@@ -7,6 +7,7 @@ from every snapshot. All times are exported in seconds.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from functools import lru_cache
@@ -18,6 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 from graphmon.version import __version__
 from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, REPLAY_KINDS, REPLAY_QUANTILES
 from graphmon.export.guard import base_names
+from graphmon.export.identity import label_by_rank, workload_labels
 from graphmon.export.snapshot import Hist, Snapshot
 
 try:
@@ -136,9 +138,11 @@ class SnapshotCollector:
 
     def collect(self) -> Iterable[Metric]:
         snaps = tuple(self._get())
-        yield from self._health(snaps)
+        # the engine's workload identity (namespace, pod, container, workload, build) on every series of its rank
+        by_rank = {s.rank: labels for s in snaps if (labels := workload_labels(s.process))}
+        yield from label_by_rank(self._health(snaps), by_rank)
         if not self.health_only:
-            yield from self._graphs(snaps)
+            yield from label_by_rank(self._graphs(snaps), by_rank)
 
     # ------------------------------------------------------------------ per graph
     def _graphs(self, snaps: Sequence[Snapshot]) -> Iterable[Metric]:
@@ -248,6 +252,9 @@ class SnapshotCollector:
                                   labels=["rank", "kind"])
         lw = GaugeMetricFamily("graphmon_last_window_timestamp_seconds", "Unix time the last window closed.",
                                labels=["rank"])
+        started = GaugeMetricFamily("graphmon_process_start_time_seconds",
+                                    "Unix time the rank's process started (its hello; the fleet rules take the newest "
+                                    "build of a workload by it).", labels=["rank"])
         slow = GaugeMetricFamily("graphmon_observer_slowdown_ratio",
                                  "Replay time while a sampling window is open divided by replay time outside windows.",
                                  labels=["rank"])
@@ -293,6 +300,9 @@ class SnapshotCollector:
                 lw.add_metric([rank], s.last_window_s)
             if s.observer_slowdown is not None:
                 slow.add_metric([rank], s.observer_slowdown)
+            t0 = _float(s.process.get("process_start_s", ""))
+            if t0 is not None:
+                started.add_metric([rank], t0)
             b = build_info(s.backend_info)
             builds.add(tuple(b[k] for k in bi_labels))
             p = s.process
@@ -318,6 +328,16 @@ class SnapshotCollector:
             yield lw
         if slow.samples:
             yield slow
+        if started.samples:
+            yield started
+
+
+def _float(v: str) -> Optional[float]:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
 
 
 def _merge_info(fams: list[GaugeMetricFamily]) -> Iterable[Metric]:

@@ -20,6 +20,11 @@ either, the rank whose newest window is oldest is forgotten (counted: ``ranks_fo
 whose pool never reached ``min_replays`` for any graph (it crashed at start) does not replace the
 reference: its successor is compared with the last process that did.
 
+Same process or a new one: a process is known by its pid, host and start time (the hello's
+``process_start_s``): in containers a restarted engine often has the pid of the one before it.
+With a :class:`graphmon.export.deploy_state.StateDir` (``--state-dir``) the pools are written to
+disk and read back when the agent starts, so an agent restart keeps every rank's reference.
+
 Threads: :meth:`DeployVerdict.on_window` runs on the agent's ingest thread and only appends to a
 bounded queue (a full queue drops the oldest window, counted); one daemon thread
 (``graphmon-deploy``) pools and computes, at most ``busy_share`` (a quarter) of the time, so that
@@ -41,6 +46,7 @@ from graphmon.analysis.compare import compare
 from graphmon.analysis.deploy import Gate, Verdict, judge
 from graphmon.analysis.significance import Thresholds
 from graphmon.export.deploy_pool import MAX_BYTES, MAX_REPLAYS, Pool, pooled
+from graphmon.export.deploy_state import StateDir
 from graphmon.model.trace import Trace, TraceError
 
 log = logging.getLogger("graphmon.agent")
@@ -88,6 +94,15 @@ class _Rank:
     previous_incarnation: str = ""
     previous_pid: str = ""
     dirty: set = field(default_factory=set)
+    process: str = ""  # process_key(): pid, host and start time of the current pool's process
+    previous_process: str = ""
+    unsaved: set = field(default_factory=set)  # pools (current, previous) changed since the state dir has them
+
+
+def process_key(identity: Mapping[str, str]) -> str:
+    """One process, told apart from a restarted one that got the same pid (containers)."""
+    pid = str(identity.get("pid", ""))
+    return f"{pid}@{identity.get('host', '')}#{identity.get('process_start_s', '')}" if pid else ""
 
 
 class DeployVerdict:
@@ -97,7 +112,7 @@ class DeployVerdict:
                  max_replays: int = MAX_REPLAYS, max_bytes: int = MAX_BYTES, queue_max: int = QUEUE_MAX,
                  top: int = TOP_BOUNDARIES, lookup: Optional[Callable[[str], Any]] = None,
                  max_ranks: int = MAX_RANKS, max_total_bytes: int = MAX_TOTAL_BYTES,
-                 busy_share: float = BUSY_SHARE) -> None:
+                 busy_share: float = BUSY_SHARE, state: Optional[StateDir] = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.max_ranks, self.max_total_bytes = int(max_ranks), int(max_total_bytes)
         if not 0 < busy_share <= 1:
@@ -124,6 +139,21 @@ class DeployVerdict:
         self._changed = False  # results published since the last on_publish call
         self._busy = False
         self._thread: Optional[threading.Thread] = None
+        self.state = state
+        if state is not None:
+            self._restore(state)
+
+    def _restore(self, state: StateDir) -> None:
+        """The ranks a previous agent wrote (``--state-dir``): their pools wait for the rank's next process."""
+        for s in state.load()[: self.max_ranks]:
+            cur = s.current or Pool(self.max_replays, self.max_bytes)
+            self._ranks[s.rank] = _Rank(
+                s.rank, "", "", s.process.partition("@")[0], cur, previous=s.previous,
+                previous_incarnation="restored" if s.previous is not None else "",
+                previous_pid=s.previous_process.partition("@")[0], process=s.process,
+                previous_process=s.previous_process)
+        if self._ranks:
+            log.info("graphmon deploy verdict: %d rank(s) read back from %s", len(self._ranks), state.path)
 
     # ------------------------------------------------------------------ ingest side (agent thread)
     def on_window(self, attached: Any, window: Any) -> None:
@@ -136,7 +166,7 @@ class DeployVerdict:
             return
         ident = getattr(attached.proc, "identity", {}) or {}
         item = (str(attached.rank), attached.series.tag, attached.incarnation, str(ident.get("pid", "")),
-                wid, trace, float(window.ended_s))
+                wid, trace, float(window.ended_s), process_key(ident))
         with self._cv:
             if len(self._queue) >= self.queue_max:
                 self._queue.popleft()
@@ -159,6 +189,8 @@ class DeployVerdict:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.state is not None:
+            self._save(final=True)  # what pooled since the last periodic save
 
     # ------------------------------------------------------------------ pin (HTTP threads)
     def pin(self, window_id: str) -> bool:
@@ -236,6 +268,8 @@ class DeployVerdict:
             try:
                 self._pool_pending()
                 self._compute_dirty()
+                if self.state is not None:
+                    self._save()
             except Exception as e:  # contained: counted, logged; the agent goes on
                 self.computations["error"] += 1
                 log.warning("graphmon deploy verdict failed: %r", e)
@@ -268,23 +302,29 @@ class DeployVerdict:
             for item in items:
                 self._pool(*item)
 
-    def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float) -> None:
+    def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float,
+              process: str = "") -> None:
         p = pooled(wid, trace, ended_s)
+        process = process or (f"{pid}@" if pid else "")
         with self._lock:
             st = self._ranks.get(rank)
             if st is not None:
                 st.tag = tag  # the agent may have made the rank's series again (expired): the reference stays
             if st is None:
-                st = self._ranks[rank] = _Rank(rank, tag, incarnation, pid, Pool(self.max_replays, self.max_bytes))
-            elif st.incarnation != incarnation and not (pid and pid == st.pid):  # a new process took the rank
+                st = self._ranks[rank] = _Rank(rank, tag, incarnation, pid, Pool(self.max_replays, self.max_bytes),
+                                               process=process)
+            elif st.incarnation != incarnation and not (process and process == st.process):  # a new process
                 if any(n >= self.thresholds.min_replays for n in st.current.replays().values()):
                     st.previous, st.previous_incarnation, st.previous_pid = st.current, st.incarnation, st.pid
+                    st.previous_process = st.process
+                    st.unsaved.add("previous")
                 st.current = Pool(self.max_replays, self.max_bytes)
-                st.incarnation, st.pid = incarnation, pid
+                st.incarnation, st.pid, st.process = incarnation, pid, process
                 self._publish({k: v for k, v in self.results.items() if k[0] != rank})  # old verdicts end here
-            elif st.incarnation != incarnation:  # the same process reconnected: the same pool
+            elif st.incarnation != incarnation:  # the same process reconnected (or read back): the same pool
                 st.incarnation = incarnation
             st.current.add(p)
+            st.unsaved.add("current")
             if st.previous is not None:
                 st.dirty.add("previous")
             if self._pin is not None and self._pin[0] == rank:
@@ -309,6 +349,8 @@ class DeployVerdict:
             total -= nbytes(st)
         for r in gone:
             del self._ranks[r]
+            if self.state is not None:
+                self.state.forget(r)
         if gone:
             self.ranks_forgotten += len(gone)
             self._publish({k: v for k, v in self.results.items() if k[0] not in gone})
@@ -339,6 +381,26 @@ class DeployVerdict:
                 # process's windows, so the verdict takes at most busy_share of the time.
                 self._stop.wait((time.monotonic() - t0) * (1.0 / self.busy_share - 1.0))
                 self._pool_pending()  # (~1 ms a window: the queue does not fill during the pause)
+
+    def _save(self, final: bool = False) -> None:
+        """Write the pools that changed (the current one at most every save_interval_s per rank, or
+        all at the agent's stop); the disk I/O runs without the lock."""
+        jobs = []
+        with self._lock:
+            for st in self._ranks.values():
+                for role in sorted(st.unsaved):
+                    if role == "current" and not (final or self.state.due(st.rank)):
+                        continue
+                    pool = st.current if role == "current" else st.previous
+                    jobs.append((st.rank, role, pool.copy() if pool is not None else None,
+                                 st.process if role == "current" else st.previous_process))
+                    st.unsaved.discard(role)
+        for rank, role, pool, process in jobs:
+            if not self.state.save(rank, role, pool, process):
+                with self._lock:
+                    st = self._ranks.get(rank)
+                    if st is not None:
+                        st.unsaved.add(role)  # tried again at the next save
 
     def _reference(self, st: _Rank, ref: str) -> tuple[Optional[Pool], str, str]:  # lock held
         if ref == "previous":

@@ -4,8 +4,10 @@ Families (labels bounded: rank, device, graph and stream as the gap series carry
 previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel name):
 
 - ``graphmon_deploy_regression{rank,device,graph,reference,kind}``: 1 for the kind of a regressed
-  graph, 0 for the other kinds; all three kinds for every graph with a verdict;
-- ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams the
+  graph (a widening in a replay that got slower as a whole: graphmon.analysis.deploy), 0 for the
+  other kinds; all three kinds for every graph with a verdict; a widening that did not make the
+  replay slower stays 0 here and shows in /status (``widening``, ``net``, ``span``, ``idle``);
+- ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams a
   regression points at (compare flagged it, or a named boundary lies on it);
 - ``graphmon_deploy_gap_shift_seconds{rank,device,graph,stream,reference}``: the stream's shift of
   the median per-replay median gap (compare's; its interval is in /status);
@@ -14,7 +16,7 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
 - ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
 - ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_ranks_forgotten_total``,
-  ``graphmon_deploy_computations_total{outcome}``.
+  ``graphmon_deploy_computations_total{outcome}``, ``graphmon_deploy_state_errors_total{op}`` (load | save).
 
 Series exist while the compared process is attached and the comparison is computed: a restart
 ends the previous verdict (its series go) until the new process has pooled enough replays.
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from graphmon.analysis.deploy import KINDS, GraphVerdict
 from graphmon.export.aggregator import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
+from graphmon.export.deploy_state import STATE_ERRORS
+from graphmon.export.identity import label_by_rank
 from graphmon.report.jsonsafe import json_safe
 
 GRAPH = ["rank", "device", "graph", "reference"]
@@ -51,8 +55,10 @@ class DeployCollector:
     """prometheus_client collector of the deploy verdict (one-method protocol)."""
 
     def __init__(self, verdict: DeployVerdict, live: Optional[Callable[[], Iterable[str]]] = None, *,
-                 max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128) -> None:
+                 max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128,
+                 labels: Optional[Callable[[], Mapping[str, Mapping[str, str]]]] = None) -> None:
         self.verdict, self.live = verdict, live
+        self.labels = labels  # rank -> the workload labels of its process (graphmon.export.identity)
         self.max_graphs, self.max_streams, self.max_label_length = max_graphs, max_streams, max_label_length
 
     def results(self) -> list[Result]:
@@ -62,6 +68,10 @@ class DeployCollector:
         return [r for k, r in sorted(res.items()) if live is None or r.current_incarnation in live]
 
     def collect(self) -> Iterable[Metric]:
+        by_rank = self.labels() if self.labels is not None else {}
+        return label_by_rank(self._collect(), by_rank)
+
+    def _collect(self) -> Iterable[Metric]:
         reg = GaugeMetricFamily("graphmon_deploy_regression",
                                 "1 for the kind of regression of a graph against the reference (the previous process "
                                 "of the rank, or the pinned baseline); 0 for the other kinds.", labels=GRAPH + ["kind"])
@@ -94,7 +104,7 @@ class DeployCollector:
                 added.add_metric(lv, g.gap_added_ns * 1e-9)
                 for s in g.streams[: self.max_streams]:
                     sl = lv[:3] + [str(s.stream_current), r.reference]
-                    sreg.add_metric(sl, 1 if s.flagged else 0)
+                    sreg.add_metric(sl, 1 if g.regression and s.flagged else 0)
                     if math.isfinite(s.shift_ns):
                         shift.add_metric(sl, s.shift_ns * 1e-9)
         yield reg
@@ -117,6 +127,13 @@ class DeployCollector:
         for outcome in ("ok", "error"):
             comp.add_metric([outcome], self.verdict.computations.get(outcome, 0))
         yield comp
+        state = CounterMetricFamily("graphmon_deploy_state_errors",
+                                    "--state-dir files that could not be read (ignored: that rank starts without a "
+                                    "reference) or written (tried again), by operation.", labels=["op"])
+        errors = self.verdict.state.errors if self.verdict.state is not None else {}
+        for op in STATE_ERRORS:
+            state.add_metric([op], errors.get(op, 0))
+        yield state
 
 
 def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_graphs: int = 64) -> list[dict]:

@@ -136,8 +136,10 @@ def device_identity() -> dict[str, str]:
 
 def identity(extra: Optional[dict] = None) -> dict[str, str]:
     rank, source = process_rank()
+    from graphmon.host.workload import PROCESS_START_S, workload_identity
+
     out = {"rank": rank, "rank_source": source, "pid": str(os.getpid()), "host": socket.gethostname(),
-           **device_identity()}
+           "process_start_s": PROCESS_START_S, **workload_identity(), **device_identity()}
     torch = sys.modules.get("torch")
     out["torch_version"] = str(getattr(torch, "__version__", "")) if torch is not None else ""
     out.update({k: str(v) for k, v in (extra or {}).items()})

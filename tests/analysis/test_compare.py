@@ -196,6 +196,27 @@ def test_cli_fails_a_concentrated_regression(native, tmp_path, capsys):
     assert e.value.code == 2
 
 
+def test_cli_passes_a_net_improvement_that_widens_three_boundaries(native, tmp_path, capsys):
+    """Issue 35's held-out pair: every boundary -321 ns and three +5 us; the replay spans 49 us less.
+    The old rule exited 1 ("REGRESSION (concentrated)"); net harm passes it, --fail-on-widening fails it."""
+    g = native.graph_names().index(HELD_OUT_GRAPH)
+    _, cur = held_out_concentrated(widen(native, g, -321))
+    path = tmp_path / "mixed.graphmon.npz"
+    write_trace(cur, path)
+    assert main(["compare", str(NATIVE), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"graph {HELD_OUT_GRAPH} (device 0): widened (concentrated, boundaries) but not slower (faster)" in out
+    assert "PASS: no regression" in out
+    assert main(["compare", "--fail-on-widening", str(NATIVE), str(path)]) == 1
+    assert "FAIL: 1 graph(s) regressed (concentrated)" in capsys.readouterr().out
+    # and the same widening without the improvement is a net regression: exit 1
+    _, worse = held_out_concentrated(native)
+    write_trace(worse, path)
+    assert main(["compare", "--format", "json", str(NATIVE), str(path)]) == 1
+    v = {x["graph"]: x for x in json.loads(capsys.readouterr().out)["verdict"]["graphs"]}[HELD_OUT_GRAPH]
+    assert v["net"] == "slower" and v["regression"] and v["span"]["ci_low_ns"] > 0
+
+
 def test_cli_pair_within_one_trace(capsys):
     assert main(["compare", str(KINETO), str(KINETO), "--pair", "shapeA/upload=shapeA/no_upload"]) == 0
     out = capsys.readouterr().out

@@ -23,6 +23,9 @@ def test_held_out_concentrated_widening_is_a_regression(native):
     g = _graph(v, HELD_OUT_GRAPH)
     assert g.regression and g.kind == "concentrated" and g.why == "boundaries"
     assert g.gap_added_ns == 15_000 and g.widened == 3
+    # net harm: the replay is 5 us slower (the three boundaries sit on the critical path); idle fell,
+    # since the side streams' kernels now overlap the main stream's less
+    assert g.net == "slower" and g.span.shift_ns == 5000 and g.span.ci_low_ns > 0 and g.idle.shift_ns < 0
     assert g.flagged_streams == sorted(s for s, _ in picks)
     assert {(b["stream_current"], b["position"]) for b in g.top[:3]} == set(picks)
     assert [x.graph for x in v.regressions()] == [HELD_OUT_GRAPH]
@@ -61,7 +64,7 @@ def test_the_gate_keeps_a_small_widening_quiet(native):
     g = _graph(v, HELD_OUT_GRAPH)
     assert g.boundary_verdict == "concentrated" and g.widened == 1 and g.gap_added_ns == 300
     assert not g.regression and g.kind == "none"
-    g0 = _graph(judge(cmp_, attr, Gate(min_added_ns=0, min_added_rel=0)), HELD_OUT_GRAPH)
+    g0 = _graph(judge(cmp_, attr, Gate(min_added_ns=0, min_added_rel=0, net_harm=False)), HELD_OUT_GRAPH)
     assert g0.regression and g0.kind == "concentrated" and g0.flagged_streams == [156]
 
 
@@ -79,11 +82,14 @@ def test_json_and_table(native):
     _, cur = held_out_concentrated(native)
     v = deploy_verdict(native, cur)
     doc = v.to_json()
-    assert doc["regression"] is True and doc["gate"] == {"min_added_ns": 1000.0, "min_added_rel": 0.02}
+    assert doc["regression"] is True
+    assert doc["gate"] == {"min_added_ns": 1000.0, "min_added_rel": 0.02, "net_harm": True}
     g = next(x for x in doc["graphs"] if x["graph"] == HELD_OUT_GRAPH)
     assert g["kind"] == "concentrated" and g["streams"][0]["ci_low_ns"] is not None
+    assert g["net"] == "slower" and g["span"]["shift_ns"] == 5000 and g["span"]["ci_low_ns"] > 0
     text = v.format_table("uniform")
     assert f"graph {HELD_OUT_GRAPH} (device 0): REGRESSION (concentrated, boundaries)" in text
+    assert "replay as a whole: slower; span median 1600.53 -> 1605.53 us (+5.00 us, 95% CI [+3.90, +6.06])" in text
     assert "PASS: no regression of kind uniform" in text
     assert "FAIL: 1 graph(s) regressed (concentrated)" in v.format_table("any")
 
@@ -94,3 +100,60 @@ def test_bad_arguments(native):
     with pytest.raises(ValueError):
         deploy_verdict(native, native).regressions("sometimes")
     assert FAIL_ON == ("uniform", "concentrated", "any")
+
+
+def _rollback(native):
+    """The issue's rollback: the reference widened every gap of a graph by 150 ns (idle +~143 us per
+    replay); the current build is the original with one boundary +10 us (+7.4 us by chance in the
+    real case, with a smaller reference idle time)."""
+    gi = native.graph_names().index(HELD_OUT_GRAPH)
+    return widen(native, gi, 150), widen_at(native, gi, 7, [40], 10_000)
+
+
+def test_a_rollback_that_widens_one_boundary_is_not_a_regression(native):
+    ref, cur = _rollback(native)
+    v = deploy_verdict(ref, cur)
+    g = _graph(v, HELD_OUT_GRAPH)
+    # the widening is there, reported with its kind, boundary and gap added ...
+    assert g.widening and g.kind == "concentrated" and g.widened == 1 and g.gap_added_ns == 10_000 - 150
+    assert g.flagged_streams == [7]
+    # ... in a replay that got faster as a whole: no regression, nothing to page
+    assert g.net == "faster" and g.span.ci_high_ns < 0 and g.idle.ci_high_ns < 0
+    assert not g.regression and not v.regressions() and not v.to_json()["regression"]
+    assert all(s.verdict in ("improvement", "unchanged") for s in g.streams)
+    text = v.format_table()
+    assert f"graph {HELD_OUT_GRAPH} (device 0): widened (concentrated, boundaries) but not slower (faster)" in text
+    assert "PASS: no regression" in text
+    # the strict rule (compare --fail-on-widening) still fails it
+    strict = deploy_verdict(ref, cur, gate=Gate(net_harm=False))
+    assert [x.graph for x in strict.regressions()] == [HELD_OUT_GRAPH]
+
+
+def test_a_net_improvement_with_three_widened_boundaries_is_not_a_regression(native):
+    """The held-out pair: every boundary -321 ns, three boundaries +5 us: the replay spans 49 us less."""
+    gi = native.graph_names().index(HELD_OUT_GRAPH)
+    _, cur = held_out_concentrated(widen(native, gi, -321))
+    g = _graph(deploy_verdict(native, cur), HELD_OUT_GRAPH)
+    assert g.widening and g.kind == "concentrated" and g.widened == 3
+    assert g.net == "faster" and not g.regression
+    assert g.span.shift_ns < -40_000 and g.span.ci_high_ns < 0
+
+
+def test_net_effect_rules():
+    from graphmon.analysis.compare import ReplayShift
+    from graphmon.analysis.deploy import net_effect
+
+    def r(measure, shift, lo, hi, n=20):
+        return ReplayShift(measure, n, n, 100_000.0, 100_000.0 + shift, shift, lo, hi)
+
+    gate = Gate()
+    assert net_effect(r("span", 5_000, 4_000, 6_000), r("idle", -15_000, -16_000, -14_000), gate) == "slower"
+    assert net_effect(r("span", 0, -900, 900), r("idle", 2_000, 1_500, 2_500), gate) == "slower"
+    # the span fell: faster, however much the idle time rose
+    assert net_effect(r("span", -100, -200, -10), r("idle", 50_000, 40_000, 60_000), gate) == "faster"
+    # below the gate's absolute part, or an interval that reaches 0: unchanged
+    assert net_effect(r("span", 900, 800, 1_000), r("idle", 0, -10, 10), gate) == "unchanged"
+    assert net_effect(r("span", 5_000, 0, 9_000), r("idle", 0, -10, 10), gate) == "unchanged"
+    nan = float("nan")
+    assert net_effect(r("span", nan, nan, nan, 3), r("idle", nan, nan, nan, 3), gate) == "insufficient"
+    assert net_effect(None, None, gate) == "insufficient"

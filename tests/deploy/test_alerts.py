@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _promutil import ALERTS, ALERTS_TEST, CONTRACT_SAMPLES, load_alert_rules, promtool, referenced_metrics
+from _promutil import (ALERTS, ALERTS_TEST, CONTRACT_SAMPLES, load_alert_rules, load_recording_rules, promtool,
+                       referenced_metrics)
 
 RULES = load_alert_rules()
+FLEET_ALERT = "GraphmonFleetDeployRegression"  # the alert the graphmon-fleet recording rules feed
 TESTS = yaml.safe_load(ALERTS_TEST.read_text())
 
 
 def test_promtool_check_rules():
     res = promtool("check", "rules", str(ALERTS))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"SUCCESS: {len(RULES)} rules found" in res.stdout
+    assert f"SUCCESS: {len(RULES) + len(load_recording_rules())} rules found" in res.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -60,20 +62,21 @@ def test_every_rule_is_tested_firing_and_quiet(rule):
 
 def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
     """Run the unit tests of one alert against alerts.yml with ``old`` replaced by ``new`` in that
-    alert's expression or ``for``."""
+    alert's expression or ``for`` (or a recording rule's expression, and the tests of the alert it feeds)."""
     doc = yaml.safe_load(ALERTS.read_text())
     hits = 0
     for group in doc["groups"]:
         for rule in group["rules"]:
-            if rule["alert"] == alertname:
+            if alertname in (rule.get("alert"), rule.get("record")):
                 for key in ("expr", "for"):
-                    if old in rule[key]:
+                    if old in rule.get(key, ""):
                         rule[key] = rule[key].replace(old, new)
                         hits += 1
     assert hits, f"mutation {old!r} not found in {alertname}"
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     tests = dict(TESTS)
-    tests["tests"] = [t for t in TESTS["tests"] if any(c["alertname"] == alertname for c in t.get("alert_rule_test", []))]
+    alert = FLEET_ALERT if alertname.startswith("fleet:") else alertname  # a recording rule: the alert it feeds
+    tests["tests"] = [t for t in TESTS["tests"] if any(c["alertname"] == alert for c in t.get("alert_rule_test", []))]
     (tmp_path / "alerts_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     return promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
 
@@ -111,6 +114,17 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
          "(graphmon_deploy_stream_regression >= 0)", "a stream the regression does not point at pages"),
         ("GraphmonDeployRegression", "5m", "1m", "a verdict that held 3 minutes pages"),
         ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
+        # The fleet verdict: net harm, and the newest build by start time (a rollback is newest).
+        ("fleet:graphmon_deploy_regression",
+         "group_left fleet:graphmon_replay_gpu_seconds:reference_mean5m > 1e-6)",
+         "group_left fleet:graphmon_replay_gpu_seconds:reference_mean5m > -1)",
+         "a widening in a replay that got faster pages"),
+        ("fleet:graphmon_build:newest", "max by (namespace, workload)", "min by (namespace, workload)",
+         "the build rolled back from pages as if it were new"),
+        ("fleet:graphmon_kernel_gap_seconds:reference_per_replay5m",
+         "last_over_time(fleet:graphmon_kernel_gap_seconds:reference_per_replay5m[1d])",
+         "(fleet:graphmon_kernel_gap_seconds:reference_per_replay5m offset 1d)",
+         "the reference is lost once the old build's pods are gone"),
         ("GraphmonNoProcessAttached", 'state!~"stopped|lost"', 'state="running"',
          "a process blocked by a profiler pages as no process"),
         ("GraphmonNoProcessAttached", "graphmon_agent_expects_processes == 0", "graphmon_agent_expects_processes == 2",
@@ -123,4 +137,4 @@ def test_weakened_rules_fail_their_tests(tmp_path, alertname, old, new, why):
     assert good.returncode == 0, good.stdout + good.stderr
     bad = _run_mutated(tmp_path, alertname, old, new)
     assert bad.returncode != 0, f"tests did not notice: {why}"
-    assert alertname in bad.stdout + bad.stderr
+    assert (FLEET_ALERT if alertname.startswith("fleet:") else alertname) in bad.stdout + bad.stderr

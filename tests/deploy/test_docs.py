@@ -21,7 +21,9 @@ def test_one_socket_path_everywhere():
         text = path.read_text()
         for m in re.finditer(r"(?:/var)?/run/graphmon[\w./-]*", text):
             seen.add(m.group(0))
-            assert m.group(0) in (SOCKET, SOCKET.rsplit("/", 1)[0]), f"{path.relative_to(ROOT)}: {m.group(0)}"
+            # the socket, its folder, and the DaemonSet agent's --state-dir in that folder
+            assert m.group(0) in (SOCKET, SOCKET.rsplit("/", 1)[0], SOCKET.rsplit("/", 1)[0] + "/state"), \
+                f"{path.relative_to(ROOT)}: {m.group(0)}"
         for m in re.finditer(r"GRAPHMON_AGENT=(\S+?)[`\s\"']", text):
             assert m.group(1) in (SOCKET, "<socket>", "$SOCK"), f"{path.relative_to(ROOT)}: {m.group(0)}"
     assert SOCKET in seen

@@ -113,7 +113,9 @@ def _pod_specs() -> dict[str, dict]:
 
 
 def _env(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """Literal values; a downward-API value as ``fieldRef:<its field path>``."""
+    return {e["name"]: e["value"] if "value" in e else "fieldRef:" + e["valueFrom"]["fieldRef"]["fieldPath"]
+            for e in container.get("env", [])}
 
 
 def _agent_pod_and_engine_pod(name: str) -> tuple[dict, dict, dict, dict]:
@@ -262,6 +264,8 @@ def _round_trip_models():
     kubernetes = pytest.importorskip("kubernetes")
     from cloudcoil.models.prometheus_operator import v1 as monitoring
 
+    import crd_models
+
     client = kubernetes.client.ApiClient()
 
     def k8s(model):
@@ -273,7 +277,9 @@ def _round_trip_models():
     return {("apps/v1", "Deployment"): k8s("V1Deployment"), ("apps/v1", "DaemonSet"): k8s("V1DaemonSet"),
             ("v1", "ConfigMap"): k8s("V1ConfigMap"),
             ("monitoring.coreos.com/v1", "PodMonitor"): crd(monitoring.PodMonitor),
-            ("monitoring.coreos.com/v1", "PrometheusRule"): crd(monitoring.PrometheusRule)}
+            ("monitoring.coreos.com/v1", "PrometheusRule"): crd(monitoring.PrometheusRule),
+            ("argoproj.io/v1alpha1", "AnalysisTemplate"): crd(crd_models.AnalysisTemplate),
+            ("flagger.app/v1beta1", "MetricTemplate"): crd(crd_models.MetricTemplate)}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in K8S.glob("*.yaml")))

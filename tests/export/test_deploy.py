@@ -18,7 +18,7 @@ from graphmon.export.deploy_pool import Pool, pooled, window_replays
 from graphmon.export.deploy_metrics import DeployCollector, status
 from graphmon.export.exposition import render
 from graphmon.formats.read import read_trace
-from helpers import NATIVE, held_out_concentrated, only, wait_until, widen, window
+from helpers import NATIVE, held_out_concentrated, only, wait_until, widen, widen_at, window
 
 GRAPH = "decode_bs1/upload"
 
@@ -141,6 +141,33 @@ def test_a_restart_without_change_flags_nothing(native, verdict):
     assert ' 1.0' not in "\n".join(line for line in text.splitlines() if line.startswith("graphmon_deploy_regression")
                                    or line.startswith("graphmon_deploy_stream_regression"))
     assert text.count("graphmon_deploy_regression{") == 3  # the graph, every kind at 0
+
+
+def test_a_rollback_that_widens_one_boundary_is_reported_not_paged(native, verdict):
+    """Issue 35: the previous build widened every gap by 150 ns; the new process runs the original
+    build with one boundary +10 us. The widening is in /status; the regression gauge stays 0."""
+    t = only(native, GRAPH)
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
+    for w in windows_of(widen(t, 0, 150))[:4]:
+        v1.send(verdict, w)
+    assert _settled(verdict, 4)
+    for w in windows_of(widen_at(t, 0, 7, [40], 10_000))[4:6]:
+        v2.send(verdict, w)
+    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
+                      and verdict.results[("0", "previous")].current_windows == 2, timeout=30)
+    (g,) = verdict.results[("0", "previous")].verdict.graphs
+    assert g.widening and g.kind == "concentrated" and g.flagged_streams == [7]
+    assert g.net == "faster" and not g.regression
+    text = metrics(verdict)
+    assert text.count("graphmon_deploy_regression{") == 3 and ' 1.0' not in "\n".join(
+        line for line in text.splitlines() if line.startswith(("graphmon_deploy_regression",
+                                                               "graphmon_deploy_stream_regression")))
+    assert "graphmon_deploy_stream_regression{" in text
+    (st,) = status(verdict)
+    assert st["regression"] is False
+    assert st["graphs"][0]["widening"] is True and st["graphs"][0]["net"] == "faster"
+    assert st["graphs"][0]["span"]["ci_high_ns"] < 0
 
 
 def test_the_verdict_computes_at_most_its_busy_share_of_the_time(native):

@@ -35,8 +35,9 @@ def test_standalone_agent_serves_an_in_code_attach(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), str(TESTS / "fake_site")]), GRAPHMON_CUPTI_API="cupti:cupti",
                FAKE_STOP=str(tmp_path / "stop"))
     env.pop("GRAPHMON_AGENT", None)
-    agent = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", str(sock)],
-                             env=env, stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "state"  # --state-dir: the agent's stop writes the deploy verdict's pools there
+    agent = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", "--socket", str(sock),
+                              "--state-dir", str(state)], env=env, stderr=subprocess.PIPE, text=True)
     child = None
     try:
         line = agent.stderr.readline()
@@ -53,6 +54,7 @@ def test_standalone_agent_serves_an_in_code_attach(tmp_path):
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(15) == 0
         assert not sock.exists()
+        assert [f.name.split(".", 1)[1] for f in state.iterdir()] == ["current.npz"]
     finally:
         for p in (child, agent):
             if p is not None and p.poll() is None:
@@ -123,12 +125,16 @@ def test_agent_socket_errors_are_one_line_exit_2(tmp_path):
         "graphmon: error: GRAPHMON_AGENT_ALLOW_UIDS: 'root' is not a numeric id":
             ([], {"GRAPHMON_AGENT_ALLOW_UIDS": "root"}),
         "graphmon: error: --allow-gid: 'x' is not a numeric id": (["--allow-gid", "1,x"], {}),
+        f"graphmon: error: --state-dir {missing}/file: ": (["--state-dir", str(missing / "file")],
+                                                          {"_MAKE_FILE": str(missing)}),
     }
     for expected, (flags, env) in cases.items():
+        if env.pop("_MAKE_FILE", None):  # a state dir under a plain file: cannot be made
+            missing.write_text("a file, not a directory")
         r = subprocess.run([sys.executable, "-m", "graphmon.cli", "agent", "--port", "0", *flags], capture_output=True,
                            text=True, timeout=60, env=_agent_env(**env))
         assert r.returncode == 2 and r.stderr.startswith(expected) and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert not missing.exists()
+    assert missing.is_file()
 
 
 def test_sighup_keeps_the_agent_and_reloads_its_token_file_and_sigterm_removes_the_socket(tmp_path):

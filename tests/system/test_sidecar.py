@@ -105,7 +105,7 @@ def manifest_spec(name: str) -> dict:
         if sc.get("runAsNonRoot"):
             assert uid != 0, f"{c['name']}: runAsNonRoot with uid 0 would not start"
         pod_groups = [g for g in [pod_sc.get("fsGroup"), *pod_sc.get("supplementalGroups", [])] if g is not None]
-        env = {**image_env, **{e["name"]: e["value"] for e in c.get("env", [])}}
+        env = {**image_env, **{e["name"]: _env_value(e) for e in c.get("env", [])}}
         volumes = {v["name"]: v for v in pod["volumes"]}
         # the socket's volume: the mount that holds GRAPHMON_AGENT; Secrets: files the test writes
         (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == os.path.dirname(env["GRAPHMON_AGENT"])]
@@ -137,6 +137,17 @@ def manifest_spec(name: str) -> dict:
         host = p["volume"].get("hostPath")
         assert not host or host["path"] == p["mount"], "a hostPath is mounted at its own path here"
     return {"manifest": name, "agent": agent, "init": init, "engine": engine}
+
+
+# The pod the downward API describes here: a Deployment's pod of template hash 5d8f7c9b6
+POD_FIELDS = {"metadata.namespace": "serving", "metadata.name": "llm-engine-5d8f7c9b6-x2x9q",
+              "metadata.labels['pod-template-hash']": "5d8f7c9b6"}
+
+
+def _env_value(e: dict) -> str:
+    if "value" in e:
+        return e["value"]
+    return POD_FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]]  # a field this test does not know: KeyError
 
 
 # ------------------------------------------------------------------ the test
@@ -179,13 +190,20 @@ def test_agent_as_shipped_serves_a_root_engine_and_refuses_others(manifest):
         assert res["root_read_only"] and res["socket"] == agent["env"]["GRAPHMON_AGENT"], diag
     # the agent listened where the image and manifest say, as they say, and wrote nothing else
     assert res["agent_uid"] == agent["uid"] and res["agent_no_new_privs"] == agent["no_new_privs"], diag
-    assert res["socket_dir"] == ["agent.sock"], diag
+    # the DaemonSet agent's --state-dir lies in the socket folder (docker/k8s/generate.py STATE_DIR)
+    state = "GRAPHMON_STATE_DIR" in spec["agent"]["env"]
+    assert res["socket_dir"] == ["agent.sock", *(["state"] if state else [])], diag
     allowed_gid = int(agent["env"]["GRAPHMON_AGENT_ALLOW_GIDS"])
     assert res["socket_stat"] == {"uid": agent["uid"], "gid": allowed_gid, "mode": "0660"}, diag
     # the manifest's engine (root, the pod's fsGroup as a supplementary group) got its windows in
     (proc,) = [p for p in res["status"]["processes"] if p["pid"] == str(res["engine_pid"])]
     assert proc["state"] == "running" and proc["records_total"] > 0, diag
     assert re.search(r'^graphmon_up\{[^}]*rank="[^"]*"[^}]*\} 1\.0$', res["metrics"], re.M), diag
+    # the engine's workload identity from the downward API, on its series (issue 35 item 2)
+    (up,) = [ln for ln in res["metrics"].splitlines() if ln.startswith("graphmon_up{")]
+    for kv in ('namespace="serving"', 'pod="llm-engine-5d8f7c9b6-x2x9q"', 'container="engine"',
+               'workload="llm-engine"', 'build="5d8f7c9b6"'):
+        assert kv in up, (up, diag)
     assert not [l for l in res["engine_stderr"] if "graphmon link:" in l], diag
     # a root process without the group: the agent refuses it; once at WARNING on both sides,
     # however often it retried; counted; it was told what to set
@@ -200,7 +218,9 @@ def test_agent_as_shipped_serves_a_root_engine_and_refuses_others(manifest):
     other_says = [l for l in res["refused_uid"]["stderr"] if "graphmon link:" in l]
     assert len(other_says) == 1 and "permission denied" in other_says[0] and "--allow-gid" in other_says[0], diag
     # SIGTERM (a pod's stop): exit 0, socket removed
-    assert res["agent_exit"] == 0 and res["socket_dir_after"] == [], diag
+    assert res["agent_exit"] == 0 and res["socket_dir_after"] == (["state"] if state else []), diag
+    if state:  # written by the agent as its unprivileged user under a read-only root, at its stop
+        assert [f.split(".", 1)[1] for f in res["state_files"]] == ["current.npz"], diag
     assert res["init_exits"] == [0] * len(spec["init"]), diag
     assert agent["secrets"] and res["status"]["config"]["token_set"] and res["trace_with_secret_token"] == 404, diag
     if not spec["isolated"]:
@@ -355,6 +375,8 @@ def _driver(spec: dict) -> dict:
         os.mkdir(vol)
         _make_volume(vol, agent_spec["volume"], agent_spec["fs_group"], False)
         sock = env["GRAPHMON_AGENT"] = os.path.join(vol, os.path.basename(env["GRAPHMON_AGENT"]))
+        if "GRAPHMON_STATE_DIR" in env:  # the state folder in the socket volume, as the manifest puts it
+            env["GRAPHMON_STATE_DIR"] = env["GRAPHMON_STATE_DIR"].replace(agent_spec["mount"], vol)
         env["GRAPHMON_HOST"], env["GRAPHMON_PORT"] = "127.0.0.1", "0"
         for secret in agent_spec["secrets"]:  # the Secret's folder beside the volume, the variables pointed there
             here = os.path.join(d, "secret-" + os.path.basename(secret["path"]))
@@ -444,6 +466,8 @@ def _driver(spec: dict) -> dict:
         out["agent_exit"] = agent.stop()
         out["agent_stderr"] = agent.lines
         out["socket_dir_after"] = sorted(os.listdir(vol))
+        if "GRAPHMON_STATE_DIR" in env:
+            out["state_files"] = sorted(os.listdir(env["GRAPHMON_STATE_DIR"]))
     except Exception as e:
         out["error"] = repr(e)
         out["agent_stderr"] = agent.lines
