@@ -38,7 +38,7 @@ def _compressed_rules(tmp_path):
     hits = 0
     for group in doc["groups"]:
         for rule in group["rules"]:
-            if rule["alert"] == "GraphmonDeployRegression":
+            if rule.get("alert") == "GraphmonDeployRegression":
                 rule["for"] = f"{FOR_S}s"
                 hits += 1
     assert hits == 1

@@ -19,7 +19,10 @@ class CUDAGraph:
 
         self.capturing = False
         extra = int(os.environ.get("FAKE_EXTRA_GAP_NS") or 0)  # another build: every gap wider by this
-        self.h = gpu.instantiate([dataclasses.replace(k, gap_ns=k.gap_ns + extra) for k in decode_like(2)])
+        last = int(os.environ.get("FAKE_EXTRA_GAP_LAST_NS") or 0)  # ... or only the last kernel's (concentrated)
+        ks = decode_like(2)
+        self.h = gpu.instantiate([dataclasses.replace(k, gap_ns=k.gap_ns + extra + (last if i == len(ks) - 1 else 0))
+                                  for i, k in enumerate(ks)])
 
     def replay(self):
         from cupti import cupti as gpu
