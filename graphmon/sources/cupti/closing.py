@@ -3,8 +3,8 @@ tracing off, and the delivery of its records to the sink and taps.
 
 A mixin of CuptiSource (collector.py), on the collector thread only. It uses the source's rings
 (``_win``, ``_ref``), ``settings``, ``api``, ``pacer``, ``ingest``, ``registry``, ``stats``,
-``subscription``, ``_timer``/``observer``, ``_stop`` and the consumers (``_sink``, ``taps``,
-``records_sink``, ``last_window``, ``last_raw``).
+``subscription``, ``_timer``/``observer``, ``_stop``, ``graph_kernels`` and the consumers
+(``_sink``, ``taps``, ``records_sink``, ``last_window``, ``last_raw``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class WindowClose:
         self.pacer.pause()
         if not self.records_sink:
             try:
-                out = self.last_window = assemble(rec)
+                out = self.last_window = assemble(rec, self.graph_kernels)
             except Exception:
                 out = None
                 self.count_error("assemble")

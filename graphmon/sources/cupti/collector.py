@@ -39,6 +39,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
+from graphmon.model.edges import GraphKernels
 from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
@@ -108,6 +109,7 @@ class CuptiSource(WindowClose, Source):
             "launch_cb_reenabled", "repeated_correlation", "idle_unsubscribes", "resubscribes",
             "empty_no_launches", "idle_windows", "last_armed_ms", "late_stamped_records"), 0)
         self.last_window: Optional[Window] = None
+        self.graph_kernels = GraphKernels()  # what this process's graphs hold (assembled windows; the agent keeps its own)
         # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
         # records_sink, the records' columns are reused by the next window: copy what you keep
         self.taps: list[Sink] = []
