@@ -112,10 +112,10 @@ class WindowClose:
                   launch_cb_reenabled=g.reenabled, repeated_correlation=g.repeated_corr)
         self.ingest.report(st)
         st["traced_ms"] = self.pacer.phases["traced_ms"] = self._traced_s * 1e3
+        if raw_end is not None:  # diagnostics (keep_raw): what CUPTI gave, and what the close knew
+            self._raw_close = dict(cupti_end_ns=raw_end, ran_ns=np.array([ran_ns], np.int64),
+                                   forced_flush_records=np.array([self.ingest.forced_records], np.int64))
         self._emit(rec)
-        if raw_end is not None and self.last_raw is not None:  # diagnostics: what CUPTI gave, and the close
-            self.last_raw.update(cupti_end_ns=raw_end, ran_ns=np.array([ran_ns], np.int64),
-                                 forced_flush=np.array([self.ingest.forced], bool))
         phases, ing = self.pacer.phases, self.ingest
         # the longest piece of this window's work between two yields (the sink's included): the
         # longest the collector can have kept the GIL from the host in one go
@@ -129,7 +129,8 @@ class WindowClose:
     def _emit(self, rec) -> None:
         """WindowRecords -> the sink and taps (assembled into a Window unless records_sink)."""
         if self.settings.keep_raw:
-            self.last_raw = raw_columns(rec)
+            self.last_raw = {**raw_columns(rec), **self._raw_close}  # (before the taps: they may read it)
+            self._raw_close = {}
         self.stats["windows"] += 1
         self._sync_launch_cb()
         # A light collector's sink (and taps) take the records as they are: the agent filters and

@@ -75,6 +75,7 @@ class CuptiSource(WindowClose, Source):
         self.registry = registry if registry is not None else REGISTRY
         self.observer = s.observer
         self.last_raw: Optional[dict[str, Any]] = None  # settings.keep_raw: the last window's unfiltered records
+        self._raw_close: dict[str, Any] = {}  # keep_raw: CUPTI's own ends, ran_ns, forced flush (closing.py)
         # True: the sink gets WindowRecords, unfiltered (a light collector ships them to the agent,
         # which assembles the Window); False: the sink gets the assembled Window
         self.records_sink = False
@@ -424,6 +425,8 @@ class CuptiSource(WindowClose, Source):
         self.registry.on_launch(exec_handle, sid)
         ring = self._ring
         if ring is None or self._closing:
+            if self._closing and self._switch_on_launch and self.trace.on:
+                self.trace.close(wait=False)  # a window that timed out: off before this launch runs
             return
         i = ring.claim()  # -1 once the phase has its launches: the collector polls, the cap does not
         if i < 0:

@@ -39,7 +39,7 @@ class Ingest:
         self.parts_s = [0.0, 0.0]  # of it: per buffer (gather into the store), at the window's end (columns + name ids)
         self.records = 0
         self.piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
-        self.forced = False  # the last window's flush was forced (diagnostics: keep_raw)
+        self.forced_records = -1  # records the last window's forced flush brought (-1: not forced; keep_raw)
 
     def bind(self, api: Any) -> None:
         """The api whose buffers this decodes (made once; a later setup keeps them)."""
@@ -99,13 +99,17 @@ class Ingest:
         t0 = time.perf_counter()
         deadline = t0 + self.settings.max_drain_ms / 1e3
         forced = False
+        self.forced_records = -1
         while True:
+            before = self.store.n_records
             try:
                 self.api.flush(forced=forced)
             except Exception:
                 self.count_error("flush")
                 break
             self.drain_queue()
+            if forced:
+                self.forced_records = self.store.n_records - before
             if forced or stopped():
                 break
             if self.store.has_all(window_corr):
@@ -118,7 +122,6 @@ class Ingest:
                 self.count_error("flush_forced")
                 continue
             self.pacer.sleep(0.002)
-        self.forced = forced
         return (time.perf_counter() - t0) * 1e3
 
     def take(self, reuse: bool) -> tuple[KernelColumns, np.ndarray, int]:
