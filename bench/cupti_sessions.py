@@ -8,7 +8,7 @@ CuptiSource (keep_raw) over uploaded and lazy decode graphs, with the host in st
 and far ahead of it, and reports per window whether every launch's kernels came back under its
 own correlation id, plus which libcupti the process loaded.
 
-    python bench/cupti_sessions.py --out DIR [--close drain_first|disable_first] [--windows 6]
+    python bench/cupti_sessions.py --out DIR [--boundary launch|collector] [--close drain_first|disable_first] [--windows 6]
 
 Writes DIR/cupti-sessions-<close>.json and the raw records of every window
 (DIR/cupti-sessions-<close>.npz).
@@ -64,7 +64,9 @@ def window_stats(raw: dict, trace) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--close", default="drain_first", choices=("drain_first", "disable_first"))
+    ap.add_argument("--boundary", default="launch", choices=("launch", "collector"))
+    ap.add_argument("--close", default="drain_first", choices=("drain_first", "disable_first"),
+                    help="with --boundary collector only")
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args(argv)
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
     from graphmon.sources.cupti.api import cupti_api_version
     from graphmon.sources.cupti.libinfo import library_info
 
-    mode = a.close
+    mode = a.close if a.boundary == "collector" else "launch"
     R: dict = {"mode": mode, "libs": {}}
     import torch
 
@@ -84,7 +86,8 @@ def main(argv=None) -> int:
 
     from graphmon.model.window import CaptureRequest
 
-    src = CuptiSource(settings=CuptiSettings(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, close=a.close))
+    src = CuptiSource(settings=CuptiSettings(interval_s=3600.0, first_window_s=3600.0, keep_raw=True, boundary=a.boundary,
+                                             close=a.close))
     windows: list = []
     src.start(windows.append)
     t0 = time.monotonic()

@@ -14,7 +14,7 @@ def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
     keys = SERVER_FIELDS["agent"] + (
         "interval_s", "max_traced_share", "max_interval_s", "window_launches", "window_duration_ms", "max_drain_ms",
-        "close", "buffer_size_bytes", "max_buffers", "max_window_records")
+        "boundary", "close", "buffer_size_bytes", "max_buffers", "max_window_records")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
@@ -109,6 +109,8 @@ def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True, serv
         p.add_argument("--" + name.replace("_", "-"), type=typ,
                        help=f"{f.description} (default {f.default:g}; env GRAPHMON_{name.upper()})" if typ is float
                        else f"{f.description} (default {f.default}; env GRAPHMON_{name.upper()})")
+    p.add_argument("--boundary", choices=("launch", "collector"),
+                   help=f"{fields['boundary'].description} (default {fields['boundary'].default}; env GRAPHMON_BOUNDARY)")
     p.add_argument("--close", choices=("drain_first", "disable_first"),
                    help=f"{fields['close'].description} (default {fields['close'].default}; env GRAPHMON_CLOSE)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")

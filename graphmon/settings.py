@@ -92,9 +92,15 @@ class CuptiSettings(BaseSettings):
     keep_raw: bool = Field(False, description="diagnostics: keep each window's unfiltered records")
     launch_gate: bool = Field(True, description="never switch the launch callbacks off between a launch's enter and "
                                                 "exit callbacks (off: the old behaviour, for A/B diagnostics only)")
+    boundary: Literal["launch", "collector"] = Field(
+        "launch", description="who switches kernel tracing at a window's edges. launch: the launch callbacks, on at "
+                              "the window's first launch and off when its last launch returns, so a window traces "
+                              "exactly its own launches, each whole; collector: the collector thread (then close "
+                              "applies), for A/B diagnostics")
     close: Literal["drain_first", "disable_first"] = Field(
-        "drain_first", description="drain_first: trace until the window's replays ran; disable_first: stop tracing new "
-                                   "launches at once (less traced, may cut the last replays)")
+        "drain_first", description="boundary collector only. drain_first: trace until the window's replays ran; "
+                                   "disable_first: stop tracing new launches at once (less traced, may cut the last "
+                                   "replays)")
 
 
 class Settings(BaseSettings):

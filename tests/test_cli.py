@@ -153,7 +153,8 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
     from graphmon.settings import CuptiSettings
 
     code = "import os; print(os.environ.get('GRAPHMON_ATTACH_JSON'))"
-    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--close", "disable_first",
+    r = subprocess.run([sys.executable, "-m", "graphmon.cli", "run", "--port", "0", "--boundary", "collector",
+                        "--close", "disable_first",
                         "--max-drain-ms", "80",
                         "--window-launches", "8", "--buffer-size-bytes", "65536", "--max-buffers", "4",
                         "--max-window-records", "1000", "--max-traced-share", "0.01", "--max-interval-s", "30",
@@ -161,7 +162,7 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     sent = json.loads(r.stdout.strip().splitlines()[-1])
-    assert sent == {"close": "disable_first", "max_drain_ms": 80.0, "window_launches": 8, "buffer_size_bytes": 65536,
+    assert sent == {"boundary": "collector", "close": "disable_first", "max_drain_ms": 80.0, "window_launches": 8, "buffer_size_bytes": 65536,
                     "max_buffers": 4, "max_window_records": 1000, "max_traced_share": 0.01, "max_interval_s": 30.0}
     assert set(sent) <= set(CuptiSettings.model_fields)  # attach() hands them to the CUPTI source
     assert CuptiSettings(**sent).max_buffers == 4

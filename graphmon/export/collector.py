@@ -27,7 +27,8 @@ try:
 except ImportError:  # before the InvalidReason enum lands: the same values
     INVALID_REASONS = ("missing_field", "non_numeric", "non_integer", "out_of_range", "bad_phase", "bad_name",
                        "zero_start", "end_before_start", "duplicate", "negative_timestamp",
-                       "launched_outside_window", "partial_replay", "no_correlation", "overfull_replay")
+                       "launched_outside_window", "partial_replay", "no_correlation", "overfull_replay",
+                       "incomplete_record")
 
 NS = 1e-9
 # Every stage graphmon counts contained errors in: each has a 0 sample from the start so that

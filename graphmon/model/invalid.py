@@ -23,13 +23,17 @@ class InvalidReason(str, Enum):
     END_BEFORE_START = "end_before_start"
     DUPLICATE = "duplicate"  # same device, stream, correlation, start and end as a kept record
     NEGATIVE_TIMESTAMP = "negative_timestamp"
-    # CUPTI collector: window edges cut replays (see sources/cupti).
-    LAUNCHED_OUTSIDE_WINDOW = "launched_outside_window"
+    # CUPTI collector windows (model/edges.py).
+    LAUNCHED_OUTSIDE_WINDOW = "launched_outside_window"  # its launch is not one of the window's
+    # the rest of a replay that lacks a kernel its graph has, or holds one without usable times
     PARTIAL_REPLAY = "partial_replay"
     NO_CORRELATION = "no_correlation"
     # more than one replay: several launches under one id, or a timing no single replay has (an
     # overlap on one stream, a span far beyond its graph's median: model/edges.mistimed_replays)
     OVERFULL_REPLAY = "overfull_replay"
+    # CUPTI returned the record without its kernel's end (0, CUPTI's "unknown"): a forced flush
+    # before the times were in, or an end that flush made up (model/edges.assemble)
+    INCOMPLETE_RECORD = "incomplete_record"
 
     def __str__(self) -> str:
         return self.value

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from graphmon.model.edges import assemble
+from graphmon.model.edges import GraphKernels, assemble
 from graphmon.model.invalid import INVALID_REASONS
 from graphmon.model.trace import KERNEL_COLUMNS, LAUNCH_COLUMNS, GraphInfo, Trace, TraceError
 from graphmon.model.window import Window, WindowRecords
@@ -302,8 +302,10 @@ def _graph(d: Any) -> GraphInfo:
         raise WireError(str(e)) from None
 
 
-def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
-    """Rebuild a Window from a decoded frame; WireError on anything unexpected."""
+def decode_window(header: Mapping[str, Any], payload: memoryview,
+                  graph_kernels: Optional[GraphKernels] = None) -> Window:
+    """Rebuild a Window from a decoded frame; WireError on anything unexpected. ``graph_kernels``:
+    the sending process's GraphKernels, for its unfiltered windows (model/edges.assemble)."""
     cols = header.get("columns")
     if not isinstance(cols, list) or len(cols) != len(_COLS):
         raise WireError("window columns missing or wrong count")
@@ -362,7 +364,7 @@ def decode_window(header: Mapping[str, Any], payload: memoryview) -> Window:
             return assemble(WindowRecords(kernels=kernels, launches=launches, names=names, graphs=graphs,
                                           started_s=started_s, ended_s=ended_s, dropped=dropped,
                                           observer_slowdown=slowdown, capture_id=cid, invalid=invalid, meta=meta,
-                                          traced_s=traced_s))
+                                          traced_s=traced_s), graph_kernels)
         trace = Trace.build(**kernels, names=names, labels=labels, graphs=graphs, launches=launches,
                             invalid=invalid, meta=meta)
     except (ValueError, IndexError) as e:  # TraceError is a ValueError

@@ -33,6 +33,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Callable, Iterable, Optional
 
+from graphmon.model.edges import GraphKernels
 from graphmon.model.window import CaptureRequest, SourceHealth, Window
 from graphmon.model.wire import (MAX_FRAME_BYTES, MAX_HELLO_FRAME_BYTES, PROCESS_STATES, WIRE_REASONS, FrameReader,
                                  WireError, decode_identity, decode_status, decode_window, encode_message, split_frame)
@@ -82,6 +83,7 @@ class RemoteProcess(Source):
         self._queue_lock = threading.Lock()
         self._sink: Optional[Sink] = None
         self._send_lock = threading.Lock()
+        self.graph_kernels = GraphKernels()  # what this process's graphs hold, learned from its windows
 
     # Source protocol ---------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -201,7 +203,7 @@ class RemoteProcess(Source):
                 return None
             header, payload, reserved = self._queue.popleft()
         try:
-            w = decode_window(header, payload)
+            w = decode_window(header, payload, self.graph_kernels)
         except WireError:
             self.bad_frames += 1
             self.count_drop("invalid")

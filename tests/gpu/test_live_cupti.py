@@ -152,8 +152,9 @@ def test_records_match_cuda_events(setup):
     # replays in time order = launch order; the first has no previous replay in the window
     diff_ms = np.abs(both[1:] / 1e6 - ev[1:])
     assert np.median(diff_ms) < 0.005, (np.median(diff_ms), np.median(both) / 1e6, np.median(ev))
-    # Nothing of g's 40 replays is invalid. An opener replay launched in the reference phase, just
-    # before the window's ring was set, while tracing was already on: its kernels are counted as
+    # Nothing of g's 40 replays is invalid. The opener replay that turned in_window on is the
+    # window's first launch (boundary "launch"); with boundary "collector" an opener launched just
+    # before the window's ring was set, while tracing was already on, is counted as
     # launched_outside_window and excluded (whole replays: the three graphs have one structure)
     invalid = dict(t.invalid)
     outside = invalid.pop("launched_outside_window", 0)

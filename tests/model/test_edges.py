@@ -89,9 +89,10 @@ def test_pair_runs_match_unique_rows(node_span):
     rng = np.random.default_rng(node_span % 97)
     a = rng.integers(100, 140, 3000)
     b = rng.integers(1, 6, 3000) * (node_span // 8) + rng.integers(0, 4, 3000)
-    pair_a, mult = _pair_runs(a, b)
+    pair_a, pair_b, mult = _pair_runs(a, b)
     rows, want = np.unique(np.stack([a, b], 1), axis=0, return_counts=True)
     np.testing.assert_array_equal(pair_a, rows[:, 0])
+    np.testing.assert_array_equal(pair_b, rows[:, 1])
     np.testing.assert_array_equal(mult, want)
 
 
@@ -193,3 +194,114 @@ def test_no_real_h200_replay_is_mistimed():
         keep, inv = complete_replays(g["graph_id"], g["correlation_id"], g["launch_correlation_id"], valid=valid,
                                      start=g["start_ns"], end=g["end_ns"], stream=g["stream"])
         assert set(inv) <= {"launched_outside_window"}, inv
+
+
+# ---------------------------------------------------------------------- whole replays only (issue 37)
+def _chain_window(replays=4, kernels=3, bad_node=None, bad_end=None, nodes=True, corr0=100):
+    """WindowRecords of one graph (id 5) on one stream: ``replays`` launches of ``kernels``
+    kernels, each 1,000 ns with 100 ns between them; node ``bad_node`` gets end ``bad_end``
+    (its start - 1, or 0) in every replay."""
+    from graphmon.model.trace import GraphInfo
+    from graphmon.model.window import WindowRecords
+
+    rows = []
+    t = 1_000_000
+    for r in range(replays):
+        for k in range(kernels):
+            s = t + k * 1_100
+            e = s + 1_000
+            if k + 1 == bad_node:
+                e = s - 1 if bad_end is None else bad_end
+            rows.append((s, e, (5 << 32) | (k + 1) if nodes else 0, corr0 + r))
+        t += 50_000
+    a = np.array(rows, np.int64)
+    n = len(a)
+    lc = np.arange(corr0, corr0 + replays)
+    return WindowRecords(
+        kernels={"start_ns": a[:, 0], "end_ns": a[:, 1], "stream": np.full(n, 7), "graph_id": np.full(n, 5),
+                 "graph_node_id": a[:, 2], "correlation_id": a[:, 3], "device": np.zeros(n, np.int32),
+                 "name_id": np.full(n, -1, np.int32)},
+        launches={"correlation_id": lc, "device": np.zeros(replays, np.int32), "graph": np.zeros(replays, np.int32),
+                  "launch_ns": np.full(replays, -1), "stream": np.full(replays, 7), "label": np.full(replays, -1, np.int32)},
+        names=[], graphs=[GraphInfo(key="g5", graph_id=5)], started_s=0.0, ended_s=1.0)
+
+
+@pytest.mark.parametrize("nodes", [True, False])  # node ids (CUPTI), and the fallback without them
+@pytest.mark.parametrize("bad_end, reason", [(None, "end_before_start"), (0, "incomplete_record")])
+def test_a_kernel_untimed_in_every_replay_never_makes_a_gap_across_it(nodes, bad_end, reason):
+    """The vLLM-shaped tree on the H200: 44 end_before_start records of 734 and no partial replay.
+    A kernel that is unusable in every replay made the most common count the cut one, so its
+    neighbours were kept and the gap between them spanned it (1,100 + 1,000 ns here, not 100)."""
+    from graphmon.analysis.replays import analyze
+    from graphmon.model.edges import assemble
+
+    w = assemble(_chain_window(bad_node=2, bad_end=bad_end, nodes=nodes))
+    assert len(w.trace) == 0 and len(analyze(w.trace).gaps) == 0
+    assert dict(w.trace.invalid) == {reason: 4, "partial_replay": 8}
+    # the same graph whole: every gap is the 100 ns simulated
+    w = assemble(_chain_window(nodes=nodes))
+    assert len(w.trace) == 12 and set(analyze(w.trace).gaps.values.tolist()) == {100} and not w.trace.invalid
+
+
+def test_a_graph_launched_once_per_window_keeps_no_replay_with_a_missing_kernel():
+    """Real H200 records (tests/data/h200-hf-late-stamps.npz, HF generate): in 12 of 24 windows
+    the last replay came back from a forced flush with made-up times on 12 to 62 of its 62
+    kernels, which the collector turns to end 0. Kept as the only launch of its window (the
+    shape of each piece of a vLLM piecewise tree), the rest of such a replay was kept by the
+    most common count (its own) with gaps of up to 82.8 us across the missing kernels; the
+    graph's real gaps are at most 417 ns. Now each is excluded: its made-up records counted as
+    incomplete_record, the rest as partial_replay."""
+    from graphmon.analysis.replays import analyze
+    from graphmon.model.edges import assemble
+    from graphmon.model.trace import GraphInfo
+    from graphmon.model.window import WindowRecords
+    from graphmon.sources.cupti.closing import unknown_late_ends
+    from graphmon.sources.cupti.records import KernelColumns
+
+    z = np.load(os.path.join(str(DATA), "h200-hf-late-stamps.npz"))
+    invalid: dict = {}
+    max_gap = 0
+    for w in range(int(z["windows"])):
+        k = {c: z[f"w{w}_{c}"].copy() for c in ("start", "end", "stream", "graph_id", "node", "corr")}
+        n = len(k["start"])
+        cols = KernelColumns(k["start"], k["end"], k["stream"], np.zeros(n, np.int32), k["graph_id"], k["node"],
+                             k["corr"], np.zeros(n, np.uint64))
+        unknown_late_ends(cols, z[f"w{w}_launch_corr"], int(z[f"w{w}_off_ns"]))
+        lc = z[f"w{w}_launch_corr"][-1:]  # the window's last launch only
+        rec = WindowRecords(
+            kernels={"start_ns": cols.start_ns, "end_ns": cols.end_ns, "stream": cols.stream, "device": cols.device,
+                     "graph_id": cols.graph_id, "graph_node_id": cols.graph_node_id,
+                     "correlation_id": cols.correlation_id, "name_id": np.full(n, -1, np.int32)},
+            launches={"correlation_id": lc, "device": np.zeros(1, np.int32), "graph": np.zeros(1, np.int32),
+                      "launch_ns": np.full(1, -1), "stream": np.full(1, 7), "label": np.full(1, -1, np.int32)},
+            names=[], graphs=[GraphInfo(key="g5", graph_id=5)], started_s=0.0, ended_s=1.0)
+        t = assemble(rec).trace
+        for r, c in t.invalid.items():
+            invalid[r] = invalid.get(r, 0) + c
+        gaps = analyze(t).gaps.values
+        max_gap = max([max_gap] + gaps.tolist())
+    assert invalid["incomplete_record"] == 503 and invalid["partial_replay"] == 12 * 62 - 503
+    assert "end_before_start" not in invalid and max_gap == 417
+
+
+def test_what_a_graph_holds_is_learned_from_earlier_windows():
+    """A graph launched once per window whose replay came back without a kernel (a record CUPTI
+    never returned): nothing in that window says it is cut; the process's GraphKernels, which
+    saw the graph whole before, does."""
+    from graphmon.model.edges import GraphKernels, assemble
+
+    cut = _chain_window(replays=1, corr0=300)
+    cut = type(cut)(**{**cut.__dict__, "kernels": {c: v[[0, 2]] for c, v in cut.kernels.items()}})  # node 2 never came
+    assert len(assemble(cut).trace) == 2  # this window alone cannot tell
+    gk = GraphKernels()
+    assert len(assemble(_chain_window(replays=2), gk).trace) == 6 and gk.get(5) == 3
+    w = assemble(cut, gk)
+    assert len(w.trace) == 0 and dict(w.trace.invalid) == {"partial_replay": 2}
+    # a replay bigger than anything seen (the earlier windows all cut) raises what is expected
+    gk = GraphKernels()
+    assemble(cut, gk)
+    assert gk.get(5) == 2 and len(assemble(_chain_window(replays=1), gk).trace) == 3 and gk.get(5) == 3
+    # an untimed kernel's replay teaches nothing
+    gk = GraphKernels()
+    assemble(_chain_window(replays=1, bad_node=3, bad_end=0), gk)
+    assert gk.get(5) == 0

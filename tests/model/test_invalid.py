@@ -10,8 +10,9 @@ from tracefiles import kernel, write_json
 
 def test_values_are_stable_strings():
     assert InvalidReason.MISSING_FIELD == "missing_field" and str(InvalidReason.DUPLICATE) == "duplicate"
-    assert len(set(INVALID_REASONS)) == len(INVALID_REASONS) == 14
-    assert {"launched_outside_window", "partial_replay", "no_correlation", "overfull_replay"} <= set(INVALID_REASONS)
+    assert len(set(INVALID_REASONS)) == len(INVALID_REASONS) == 15
+    assert {"launched_outside_window", "partial_replay", "no_correlation", "overfull_replay",
+            "incomplete_record"} <= set(INVALID_REASONS)
 
 
 def test_every_reason_a_reader_counts_is_in_the_enum(tmp_path):

@@ -2,9 +2,10 @@
 tracing off, and the delivery of its records to the sink and taps.
 
 A mixin of CuptiSource (collector.py), on the collector thread only. It uses the source's rings
-(``_win``, ``_ref``), ``settings``, ``api``, ``pacer``, ``ingest``, ``registry``, ``stats``,
-``subscription``, ``_timer``/``observer``, ``_stop`` and the consumers (``_sink``, ``taps``,
-``records_sink``, ``last_window``, ``last_raw``).
+(``_win``, ``_ref``), ``trace`` (tracing.TraceSwitch) and ``_switch_on_launch``, ``settings``,
+``api``, ``pacer``, ``ingest``, ``registry``, ``stats``,
+``subscription``, ``_timer``/``observer``, ``_stop``, ``graph_kernels`` and the consumers
+(``_sink``, ``taps``, ``records_sink``, ``last_window``, ``last_raw``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,34 @@ from graphmon.sources.cupti.records import KernelColumns
 
 
 class WindowClose:
-    def _drain(self) -> bool:
-        """Keep tracing until the window's launches have run on the GPU (then the caller flushes).
+    def _close_tracing(self) -> tuple[bool, int]:
+        """Tracing off, and the window's launches drained: (True when CUDA events say every
+        window launch ran, CUPTI's clock then; 0 when not known). Boundary "launch": the last
+        launch's return switched tracing off already; a window that timed out (fewer launches)
+        switches it off here, once the launch calls in flight have returned (traced whole).
+        Boundary "collector": ``close`` says whether tracing stays on while the launches drain."""
+        s = self.settings
+        deadline = time.perf_counter() + max(s.drain_ms, s.max_drain_ms) / 1e3
+        if not self._switch_on_launch and s.close == "disable_first":
+            self._disable_tracing()  # at once, launch calls in flight or not
+        self._wait_returned(deadline)
+        if self._switch_on_launch:
+            self._disable_tracing()  # (done by the last launch's return, unless the window timed out)
+        drained = not self._stop.is_set() and self._wait_ran(deadline)
+        ran_ns = self._now_ns() if drained else 0  # every window kernel ended before this
+        self._disable_tracing()  # drain_first: only now
+        return drained, ran_ns
+
+    def _wait_returned(self, deadline: float) -> None:
+        """A window launch whose API call has not returned has no end event yet (cuGraphLaunch
+        blocks while the GPU's queue is full: the host is far ahead). Wait for it: else the
+        drain would stop one launch early and cut that replay (seen once in 8 windows on the
+        H200 with the host ~70 ms ahead)."""
+        while self._win.pending() and time.perf_counter() < deadline and not self._stop.is_set():
+            self.pacer.sleep(0.0002)
+
+    def _wait_ran(self, deadline: float) -> bool:
+        """Wait until the window's launches have run on the GPU (then the caller flushes).
         True when CUDA events say every window launch ran (the last one on each of its streams).
 
         A serving loop can run tens of ms ahead of the GPU; a flush before its kernels ran would
@@ -35,13 +62,6 @@ class WindowClose:
         s = self.settings
         timer = self._timer if self.observer == "events" else None
         query = getattr(timer.events, "query", None) if timer is not None else None
-        deadline = time.perf_counter() + max(s.drain_ms, s.max_drain_ms) / 1e3
-        # A window launch whose API call has not returned has no end event yet (cuGraphLaunch
-        # blocks while the GPU's queue is full: the host is far ahead). Wait for it, within the
-        # same bound: else the drain would stop one launch early and cut that replay (seen once
-        # in 8 windows on the H200 with the host ~70 ms ahead).
-        while self._win.pending() and time.perf_counter() < deadline and not self._stop.is_set():
-            self.pacer.sleep(0.0002)
         if query is None or timer is None:
             if s.drain_ms > 0:
                 self.pacer.sleep(s.drain_ms / 1e3)
@@ -49,13 +69,8 @@ class WindowClose:
         return timer.wait_ran(self._win, query, deadline, self._stop.is_set) and not self._win.pending()
 
     def _disable_tracing(self) -> None:
-        try:
-            self.api.set_kernel_activity(False)
-        except Exception:
-            self.count_error("activity_disable")
-        if self._in_window:  # the span the GPU ran traced: what the tracing budget counts
-            self._traced_s = time.perf_counter() - self.pacer.phases.get("window_t0", time.perf_counter())
-        self._in_window = False
+        self.trace.close(wait=True)
+        self._traced_s = self.trace.traced_s  # the span the GPU ran traced: what the tracing budget counts
 
     # ------------------------------------------------------------------ delivery
     def _deliver_idle(self, req: Optional[CaptureRequest]) -> None:
@@ -79,6 +94,7 @@ class WindowClose:
         # columns + name ids, a chunk per GIL hold; a records sink (the light collector's link)
         # encodes them before the next window, so they can live in reused memory
         cols, name_id, discarded = self.ingest.take(reuse=self.records_sink and not self.settings.keep_raw)
+        raw_end = cols.end_ns.copy() if self.settings.keep_raw else None  # CUPTI's own, before the rule below
         if ran_ns:
             self.stats["late_stamped_records"] += unknown_late_ends(cols, self._win.columns()["correlation_id"], ran_ns)
         self.pacer.mark("collect")  # event timing collected
@@ -96,6 +112,9 @@ class WindowClose:
                   launch_cb_reenabled=g.reenabled, repeated_correlation=g.repeated_corr)
         self.ingest.report(st)
         st["traced_ms"] = self.pacer.phases["traced_ms"] = self._traced_s * 1e3
+        if raw_end is not None:  # diagnostics (keep_raw): what CUPTI gave, and what the close knew
+            self._raw_close = dict(cupti_end_ns=raw_end, ran_ns=np.array([ran_ns], np.int64),
+                                   forced_flush_records=np.array([self.ingest.forced_records], np.int64))
         self._emit(rec)
         phases, ing = self.pacer.phases, self.ingest
         # the longest piece of this window's work between two yields (the sink's included): the
@@ -110,7 +129,8 @@ class WindowClose:
     def _emit(self, rec) -> None:
         """WindowRecords -> the sink and taps (assembled into a Window unless records_sink)."""
         if self.settings.keep_raw:
-            self.last_raw = raw_columns(rec)
+            self.last_raw = {**raw_columns(rec), **self._raw_close}  # (before the taps: they may read it)
+            self._raw_close = {}
         self.stats["windows"] += 1
         self._sync_launch_cb()
         # A light collector's sink (and taps) take the records as they are: the agent filters and
@@ -119,7 +139,7 @@ class WindowClose:
         self.pacer.pause()
         if not self.records_sink:
             try:
-                out = self.last_window = assemble(rec)
+                out = self.last_window = assemble(rec, self.graph_kernels)
             except Exception:
                 out = None
                 self.count_error("assemble")

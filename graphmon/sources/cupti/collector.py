@@ -11,7 +11,9 @@ manners, assemble.py builds a window's records, observer.py measures the observe
 - A window opens on graph launches, never on a timer alone: when one is due the collector
   *arms* (the launch callback on, nothing traced) and waits for the next graph launch; that
   launch and the next ones form the reference phase (timed with CUDA events, tracing off), then
-  tracing goes on for the window's launches. A process that launches no graph is never traced:
+  tracing goes on for the window's launches: switched in the launch callbacks (tracing.py), on
+  in the window's first launch and off when its last one returns, so that a window traces its
+  own launches, each whole, and nothing else. A process that launches no graph is never traced:
   every ``interval_s`` of that it delivers an *idle* window (no launch, no record, not traced),
   so that the agent sees it alive. Why: a timer-opened window that landed in a warm-up or a
   recompile traced nothing and still spent the tracing budget (H200, issue 29: the next window
@@ -39,6 +41,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
+from graphmon.model.edges import GraphKernels
 from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
@@ -51,6 +54,7 @@ from graphmon.sources.cupti.observer import CudaEvents, EventTimer
 from graphmon.sources.cupti.pacing import Pacer
 from graphmon.sources.cupti.registry import REGISTRY, GraphRegistry
 from graphmon.sources.cupti.subscription import Subscription
+from graphmon.sources.cupti.tracing import TraceSwitch
 
 log = logging.getLogger("graphmon.cupti")
 
@@ -71,6 +75,7 @@ class CuptiSource(WindowClose, Source):
         self.registry = registry if registry is not None else REGISTRY
         self.observer = s.observer
         self.last_raw: Optional[dict[str, Any]] = None  # settings.keep_raw: the last window's unfiltered records
+        self._raw_close: dict[str, Any] = {}  # keep_raw: CUPTI's own ends, ran_ns, forced flush (closing.py)
         # True: the sink gets WindowRecords, unfiltered (a light collector ships them to the agent,
         # which assembles the Window); False: the sink gets the assembled Window
         self.records_sink = False
@@ -96,10 +101,13 @@ class CuptiSource(WindowClose, Source):
         self._ref = LaunchRing("ref", cap)
         self._win = LaunchRing("win", cap)
         self._ring: Optional[LaunchRing] = None  # the ring launches go to now; None: not sampling
-        self._in_window = False
         self._closing = False  # window full: launches no longer join it, tracing drains
         self._stream_ids: dict[int, tuple[int, int]] = {}  # stream handle -> (ctx, CUPTI stream id)
         self._traced_s = 0.0  # the last window's span with kernel tracing on (enable to disable)
+        # kernel tracing on/off (tracing.py): at the window's first launch and its last launch's
+        # return (boundary "launch"), or by the collector (boundary "collector")
+        self.trace = TraceSwitch(lambda on: self.api.set_kernel_activity(on), self.count_error)
+        self._switch_on_launch = s.boundary == "launch"
 
         self.stats: dict[str, float] = dict.fromkeys((
             "windows", "records", "dropped", "discarded", "ingest_records_per_s", "ingest_records_per_s_wall",
@@ -108,6 +116,7 @@ class CuptiSource(WindowClose, Source):
             "launch_cb_reenabled", "repeated_correlation", "idle_unsubscribes", "resubscribes",
             "empty_no_launches", "idle_windows", "last_armed_ms", "late_stamped_records"), 0)
         self.last_window: Optional[Window] = None
+        self.graph_kernels = GraphKernels()  # what this process's graphs hold (assembled windows; the agent keeps its own)
         # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
         # records_sink, the records' columns are reused by the next window: copy what you keep
         self.taps: list[Sink] = []
@@ -172,8 +181,9 @@ class CuptiSource(WindowClose, Source):
 
     @property
     def in_window(self) -> bool:
-        """True while kernel tracing is on (benchmarks use it to split their own timings)."""
-        return self._in_window
+        """True while kernel tracing is on and launches join the window (benchmarks use it to
+        split their own timings; a launch made once it is True is one of the window's)."""
+        return self.trace.on and self._ring is self._win
 
     @property
     def armed(self) -> bool:
@@ -251,7 +261,7 @@ class CuptiSource(WindowClose, Source):
                 self.observer = "off"
 
     def _teardown(self, flush: bool = True) -> None:
-        if self.subscription.subscribed and self._in_window:
+        if self.subscription.subscribed and self.trace.on:
             self._disable_tracing()
         self._ring = None
         self.subscription.release(flush)
@@ -351,24 +361,15 @@ class CuptiSource(WindowClose, Source):
         started = wall_time()
         t0 = time.perf_counter()
         self._traced_s = 0.0
-        self.api.set_kernel_activity(True)
-        self._ring = self._win  # before in_window: a caller that waits for it launches into the ring
         self.pacer.phases["window_t0"] = t0
-        self._in_window = True  # after enabling: every launch the window takes is traced
+        self.trace.arm()
+        if not self._switch_on_launch:
+            self.trace.open()  # boundary "collector": tracing on now, between two launches at best
+        self._ring = self._win  # boundary "launch": the next launch's enter callback switches tracing on
         self._wait_phase(self._win, dur_ms)
         self.pacer.mark("window")
-        # Launches already made may still be queued on the GPU: keep tracing until they ran
-        self._closing = True  # (launches from now on are left out of the window)
-        if s.close == "disable_first":
-            # Stop tracing new launches now; the window's queued kernels were instrumented at
-            # launch and finish on their own: wait for them, then flush.
-            self._disable_tracing()
-            drained = not self._stop.is_set() and self._drain()
-            ran_ns = self._now_ns() if drained else 0
-        else:
-            drained = not self._stop.is_set() and self._drain()
-            ran_ns = self._now_ns() if drained else 0  # every window kernel ended before this
-            self._disable_tracing()
+        self._closing = True  # launches from now on are left out of the window
+        drained, ran_ns = self._close_tracing()
         self.pacer.mark("drain")
         self.pacer.start_piece()
         flush_ms = self.ingest.flush(self._win.columns()["correlation_id"], drained, self._stop.is_set)
@@ -424,6 +425,8 @@ class CuptiSource(WindowClose, Source):
         self.registry.on_launch(exec_handle, sid)
         ring = self._ring
         if ring is None or self._closing:
+            if self._closing and self._switch_on_launch and self.trace.on:
+                self.trace.close(wait=False)  # a window that timed out: off before this launch runs
             return
         i = ring.claim()  # -1 once the phase has its launches: the collector polls, the cap does not
         if i < 0:
@@ -434,6 +437,8 @@ class CuptiSource(WindowClose, Source):
         ring.stream[i] = stream
         ring.stream_id[i] = sid
         if ring is self._win:
+            if i == 0 and self._switch_on_launch:
+                self.trace.open()  # before this launch runs: the window's first replay is traced whole
             ring.launch_ns[i] = self.api.timestamp_ns()
         timer = self._timer
         if timer is not None and self.observer == "events":
@@ -448,7 +453,10 @@ class CuptiSource(WindowClose, Source):
             if i >= 0:
                 if self._timer is not None:
                     self._timer.end(ring, i)
-                ring.returned[i] = True  # after its end event: the drain waits on it
+                # after its end event (the drain waits on it); the window's last launch is traced
+                # whole, and no launch after it is: tracing off (boundary "launch")
+                if ring.mark_returned(i) and ring is self._win and self._switch_on_launch:
+                    self.trace.close(wait=False)
                 return
 
     def on_upload(self, exec_handle: int, ctx: int, stream: int) -> None:

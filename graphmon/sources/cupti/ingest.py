@@ -39,6 +39,7 @@ class Ingest:
         self.parts_s = [0.0, 0.0]  # of it: per buffer (gather into the store), at the window's end (columns + name ids)
         self.records = 0
         self.piece_cpu_max_s = 0.0  # the window's longest one-buffer decode, CPU
+        self.forced_records = -1  # records the last window's forced flush brought (-1: not forced; keep_raw)
 
     def bind(self, api: Any) -> None:
         """The api whose buffers this decodes (made once; a later setup keeps them)."""
@@ -88,30 +89,34 @@ class Ingest:
         H200 it returned records of kernels that had run 1.3-2 ms before (their CUDA events said
         so) with the flush's own time as end, CUPTI not having taken them in yet
         (bench/results/gpu-check-10: the last replay of 12 windows in 60, span = busy = 1.5-2.1
-        ms against 0.14 ms, gaps to -2.0 ms). So a non-forced flush always comes first, in which
-        CUPTI can take in every record whose kernel ran (not yet seen on the GPU: the ends a
-        forced flush still makes up, the collector drops). Once the events say every window launch ran
-        (``drained``), a forced flush then returns the buffers held back (only later launches,
-        outside the window, are still queued). Otherwise it flushes without forcing until every
-        window launch (``window_corr``) has records, within ``max_drain_ms``, then forces
-        (``flush_forced``)."""
+        ms against 0.14 ms, gaps to -2.0 ms). So it flushes without forcing, in which CUPTI
+        takes in every record whose kernel ran, until every window launch (``window_corr``) has
+        records, within ``max_drain_ms`` (then forced: ``flush_forced``). Once the events say
+        every window launch ran (``drained``), a forced flush then returns what is still held
+        back (the tail of the last replay; with ``boundary = "collector"``, buffers shared with
+        later launches, outside the window, still queued); the ends it still makes up, the
+        collector drops (closing.unknown_late_ends)."""
         t0 = time.perf_counter()
         deadline = t0 + self.settings.max_drain_ms / 1e3
         forced = False
+        self.forced_records = -1
         while True:
+            before = self.store.n_records
             try:
                 self.api.flush(forced=forced)
             except Exception:
                 self.count_error("flush")
                 break
             self.drain_queue()
+            if forced:
+                self.forced_records = self.store.n_records - before
             if forced or stopped():
                 break
-            if drained:
+            if self.store.has_all(window_corr):
+                if not drained:
+                    break
                 forced = True  # by design, not counted
                 continue
-            if self.store.has_all(window_corr):
-                break
             if time.perf_counter() >= deadline:
                 forced = True
                 self.count_error("flush_forced")

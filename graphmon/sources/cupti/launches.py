@@ -24,6 +24,7 @@ class LaunchRing:
         self.capacity = int(capacity)
         self._lock = threading.Lock()
         self.n = 0  # slots claimed
+        self.n_returned = 0  # of them, launches whose API call has returned
         self.cap = self.capacity  # launches this phase takes (the window's target, at most capacity)
         c = self.capacity
         self.corr = [0] * c
@@ -39,7 +40,7 @@ class LaunchRing:
     def reset(self, cap: int) -> None:
         """Collector thread, while no callback writes this ring (its phase is off)."""
         with self._lock:
-            self.n = 0
+            self.n = self.n_returned = 0
             self.cap = min(int(cap), self.capacity)
 
     def claim(self) -> int:
@@ -65,14 +66,22 @@ class LaunchRing:
             i -= 1
         return -1
 
+    def mark_returned(self, i: int) -> bool:
+        """Host thread, launch exit: slot i's API call has returned (after its end event).
+        True when that makes the phase complete: every launch it takes made and returned."""
+        with self._lock:
+            if not self.returned[i]:
+                self.returned[i] = True
+                self.n_returned += 1
+            return self.n >= self.cap and self.n_returned >= self.n
+
     @property
     def full(self) -> bool:
         return self.n >= self.cap
 
     def pending(self) -> int:
         """Launches whose API call has not returned yet."""
-        n = self.n
-        return n - sum(self.returned[:n])
+        return self.n - self.n_returned
 
     def columns(self) -> dict[str, np.ndarray]:
         n = self.n

@@ -5,6 +5,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from graphmon.model.window import CaptureRequest
 from graphmon.settings import CuptiSettings
@@ -92,24 +93,25 @@ def test_window_close_never_cuts_a_launch_in_flight():
     src.stop()
 
 
-def test_in_window_only_once_the_window_ring_takes_launches():
-    # The GPU test starts launching as soon as in_window is True: a launch made between the two
-    # assignments was traced but not in the ring (left out of its own window).
-    seen = []
-
-    class Spy(CuptiSource):
-        def __setattr__(self, k, v):
-            if k == "_in_window" and v:
-                seen.append(self._ring is self._win)
-            super().__setattr__(k, v)
-
-    fake, src0, windows = make(interval_s=60.0, first_window_s=60.0)
-    src = Spy(cupti=fake, settings=src0.settings, events=src0._events_arg, registry=src0.registry)
+@pytest.mark.parametrize("boundary", ["launch", "collector"])
+def test_in_window_only_once_the_window_ring_takes_launches(boundary):
+    # The GPU test starts launching as soon as in_window is True: a launch made then must be one
+    # of the window's (traced, and in its ring), never traced and left out of its own window.
+    fake, src, windows = make(interval_s=60.0, first_window_s=60.0, boundary=boundary, window_duration_ms=300)
     src.start(windows.append)
     h = fake.instantiate(decode_like(1))
-    _capture(fake, src, windows, h, 3)
+    assert wait_for(lambda: src.health().state == "running")
+    src.request_capture(CaptureRequest(id="c", replays=3, duration_ms=300))
+    t0 = time.monotonic()
+    while not src.in_window and time.monotonic() - t0 < 10:
+        fake.launch(h, MAIN)
+        time.sleep(0.0005)
+    corr = [fake.launch(h, MAIN) for _ in range(2)]
+    assert wait_for(lambda: len(windows) >= 1)
     src.stop()
-    assert seen and all(seen)
+    t = windows[0].trace
+    assert set(corr) <= set(t.launches["correlation_id"].tolist())
+    assert set(corr) <= set(t.correlation_id.tolist()) and not t.invalid
 
 
 def test_gate_defers_off_while_a_launch_is_in_flight():
