@@ -51,3 +51,20 @@ def test_negative_gaps_are_documented_as_excluded_from_the_histogram():
                 assert not re.search(r"(lowest|first|smallest) (histogram )?bucket", line, re.I), f"{p.name}: {line}"
     analysis = (ROOT / "docs" / "analysis.md").read_text()
     assert "counts it in `graphmon_kernel_gap_negative_total`" in analysis
+
+
+# A bench, a result or a bench test cited by path: `bench/...`, `../bench/...`, `tests/bench/...`.
+BENCH_PATH = re.compile(r"(?<![\w/])(?:\.\./)*((?:tests/)?bench/[\w./*-]*[\w*/])")
+
+
+def test_every_cited_bench_or_result_path_exists():
+    """README.md, docs/ and graphmon's comments point at benches and results that exist (a glob
+    like soak-agent* must match a file); bench/README.md says which bench made each result."""
+    cited, missing = 0, []
+    for p in DOCS + sorted((ROOT / "graphmon").rglob("*.py")):
+        for m in BENCH_PATH.finditer(p.read_text()):
+            cited += 1
+            path = m.group(1)
+            if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                missing.append(f"{p.relative_to(ROOT)}: {path}")
+    assert cited > 50 and not missing, "\n".join(missing)
