@@ -28,7 +28,7 @@ from typing import Optional
 if not __package__:  # run as a file (the collectors' process): import bench.* and graphmon from this checkout
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.paths import NATIVE as TRACE, ROOT, MiB  # noqa: E402,F401  (ROOT, MiB: for the benches)
+from bench.common.paths import NATIVE as TRACE, ROOT  # noqa: E402
 
 # What Prometheus sends (scrape.go): OpenMetrics first. A scrape with this header takes the path
 # real scrapes take; `Accept: */*` (text) is not what a real scrape measures.

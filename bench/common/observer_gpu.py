@@ -14,10 +14,13 @@ these volumes, and the decoding runs after each block, never during the replays 
 from __future__ import annotations
 
 import ctypes
+import sys
 import time
 from collections import Counter
 
 import numpy as np
+
+from bench.common.observer_stats import Stages
 
 SLEEP_CYCLES = 2000  # torch.cuda._sleep: a one-thread kernel that spins this many SM cycles (~1 us)
 
@@ -379,3 +382,14 @@ def device_info() -> dict:
     except Exception:
         pass
     return out
+
+
+def run_stages(path: str, stages: list, table: dict, a, **meta) -> int:
+    """A bench's stages in order on one raw CUPTI subscriber (``table[name](cupti, args)``), the
+    JSON at ``path`` rewritten after each (Stages); exit status 1 when a stage failed."""
+    st = Stages(path, {"argv": sys.argv[1:], "device": device_info(), **meta, "cupti": "raw cupti-python"})
+    cu = Cupti()
+    for s in stages:
+        st.run(s, table[s], cu, a)
+    cu.close()
+    return 0 if not st.doc["errors"] else 1

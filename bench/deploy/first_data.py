@@ -37,7 +37,7 @@ if not __package__:  # run as a file: import bench.* and graphmon from this chec
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import cli  # noqa: E402
-from bench.common.agentload import metric_sum  # noqa: E402,F401  (graphmon_windows_total and the like)
+from bench.common.agentload import metric_sum  # noqa: E402
 from bench.common.paths import ROOT as _ROOT, TESTS as _TESTS  # noqa: E402
 
 DEVICE = "gpu"  # CI imports it and asks --help (its --dry-run: tests/bench/deploy/test_first_data.py)

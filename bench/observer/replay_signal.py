@@ -383,14 +383,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown stage(s) {unknown}: choose from {list(STAGES)}")
     os.makedirs(a.out, exist_ok=True)
-    from bench.common.observer_gpu import Cupti, device_info
+    from bench.common.observer_gpu import run_stages
 
-    st = C.Stages(os.path.join(a.out, "signal.json"), {"argv": sys.argv[1:], "device": device_info(), "cupti": "raw cupti-python"})
-    cu = Cupti()
-    for s in stages:
-        st.run(s, STAGES[s], cu, a)
-    cu.close()
-    return 0 if not st.doc["errors"] else 1
+    return run_stages(os.path.join(a.out, "signal.json"), stages, STAGES, a)
 
 
 if __name__ == "__main__":

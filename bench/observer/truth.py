@@ -240,15 +240,9 @@ def main(argv=None) -> int:
             path = os.path.join(a.out, f"truth-{s}.npz")
             st.run(s, lambda p=path: analyze_truth(dict(np.load(p, allow_pickle=False))))
         return 0
-    from bench.common.observer_gpu import Cupti, device_info
+    from bench.common.observer_gpu import run_stages
 
-    st = C.Stages(os.path.join(a.out, "truth.json"), {"argv": sys.argv[1:], "device": device_info(),
-                                                       "pairs": a.pairs, "block": a.block, "cupti": "raw cupti-python"})
-    cu = Cupti()
-    for s in stages:
-        st.run(s, STAGES[s], cu, a)
-    cu.close()
-    return 0 if not st.doc["errors"] else 1
+    return run_stages(os.path.join(a.out, "truth.json"), stages, STAGES, a, pairs=a.pairs, block=a.block)
 
 
 if __name__ == "__main__":
