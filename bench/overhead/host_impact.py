@@ -186,8 +186,9 @@ def measure(name: str, run_once, rounds: int, seconds: float, ticker: Ticker, fo
         health = src.health() if src is not None else None
         plog = [dict(p) for p in getattr(src, "phase_log", [])] if src is not None else []
         # a Python callback on every graph launch outside windows would show here (issue 13)
-        cb = {"launch_callbacks_on_at_end": getattr(src, "_launch_cb_on", None),
-              "pending_first_launch": getattr(getattr(src, "registry", None), "pending_first_launch", None)}
+        gate = src.subscription.gate if src is not None else None  # the launch callbacks' switch
+        cb = {"launch_callbacks_on_at_end": gate.on if gate is not None else None,
+              "pending_first_launch": src.registry.pending_first_launch if src is not None else None}
         graphmon.detach()
         if not off_first:
             off, off_ends, t_off0, t_off1, gc_off = off_phase(run_once, on_s)  # as long as its "on"
