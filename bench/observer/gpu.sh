@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 30 on a CUDA machine, in one device call (run from the repo root): the observer-effect
-# ground truth (bench/observer/truth.py), the always-on candidates (bench/observer/replay_signal.py; its
-# graph_trace stage in a process of its own) and
-# both on an HF torch.compile decode (bench/observer/hf_decode.py). Each script is its own process with
-# its own time limit, each writes its JSON after every stage: a stage or a script that fails or
-# runs out of time leaves the others' results. Everything lands under $OUT/observer.
-# cupti-python and libcupti 13.4 come from .whl/ when the image lacks them (as scripts/gpu_check.sh).
+# OUT=DIR bash bench/observer/gpu.sh   (on a CUDA machine, from the repo root; TRUTH_S, SIGNAL_S,
+# GT_S, HF_S: each bench's time limit in seconds). The observer effect in one device call: the
+# ground truth (bench/observer/truth.py), the always-on candidates (bench/observer/replay_signal.py;
+# its graph_trace stage in a process of its own) and both on an HF torch.compile decode
+# (bench/observer/hf_decode.py). Each script is its own process with its own time limit, each
+# writes its JSON after every stage: a stage or a script that fails or runs out of time leaves the
+# others' results. Everything lands under $OUT/observer. cupti-python and libcupti 13.4 come from
+# .whl/ when the image lacks them (as scripts/gpu_check.sh).
 set -u
+case "${1:-}" in -h|--help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # the comment above
 OUT=${OUT:-gpu-out}
 D="$OUT/observer"
 mkdir -p "$D"

@@ -3,7 +3,7 @@ not for the next reader:
 
 - the layout: scripts only in question folders, helpers only in bench/common, every file <= 500
   lines, graphmon never imports bench, bench/README.md names every script;
-- every script answers ``--help`` with its usage, exit 0;
+- every script answers ``--help`` with its usage, exit 0 (a device call's .sh too);
 - every CPU script runs its ``--smoke`` mode (seconds; a script with ``DEVICE = "gpu"`` is a GPU
   bench and is not run), and no smoke run touches a recorded result;
 - every script and helper imports with torch, transformers, triton and cupti unavailable (GPU
@@ -119,6 +119,12 @@ def helps() -> dict:
 def test_every_script_answers_help(helps, script):
     rc, out, err, _ = helps[script]
     assert rc == 0 and out.startswith("usage: "), f"exit {rc}\n{out[-1000:]}\n{err[-2000:]}"
+
+
+@pytest.mark.parametrize("script", sorted(p for d in FOLDERS for p in d.glob("*.sh")), ids=rel)
+def test_every_device_call_script_answers_help(script):
+    r = subprocess.run(["bash", str(script), "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and f"bash {rel(script)}" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")
