@@ -37,7 +37,7 @@ if not __package__:  # run as a file: import bench.* and graphmon from this chec
 from bench.common import cli  # noqa: E402
 from bench.common.agentload import (AgentProcess, CollectorProcess, load_average, metric_sum, quantile,  # noqa: E402
                                     window_records)
-from bench.common.clients import Hostile, Scrapers  # noqa: E402
+from bench.common.clients import Hostile, Scrapers, Threads  # noqa: E402
 from bench.common.paths import RESULTS, MiB  # noqa: E402
 from graphmon.model.wire import encode_message, encode_window, frame, split_frame  # noqa: E402
 
@@ -48,7 +48,7 @@ BAD_STATUS = [{"errors": ["x"]}, {"errors": "boom"}, {"errors": {"flush": 10**40
               {"errors": {"flush": -7}}, {"errors": {"flush": 1.5}}, {"windows": 10**400}, {"reason": ["r"]}]
 
 
-class Peers:
+class Peers(Threads):
     """The hostile and clumsy processes on the agent's socket, one thread each, until stopped."""
 
     def __init__(self, path: str) -> None:
@@ -60,15 +60,6 @@ class Peers:
         self.threads = [threading.Thread(target=self._loop, args=(f,), daemon=True, name=f.__name__)
                         for f in (self.silent, self.slow_hello, self.big_prehello, self.malformed, self.cycler,
                                   self.burst, self.duplicate_rank, self.trickle, self.oversize)]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def join(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self.lock:

@@ -10,7 +10,25 @@ from typing import Optional
 
 import httpx
 
-class Scrapers:
+class Threads:
+    """Daemon threads that run until ``stop`` is set: start() them, join() sets stop and waits
+    for each that was started."""
+
+    threads: list[threading.Thread]
+    stop: threading.Event
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        self.stop.set()
+        for t in self.threads:
+            if t.ident is not None:  # started
+                t.join(timeout_s)
+
+
+class Scrapers(Threads):
     """8 threads against the server; every thread counts its own requests, statuses and latencies."""
 
     def __init__(self, base: str, n: int = 8, capture_every: int = 50, token: Optional[str] = None):
@@ -25,15 +43,6 @@ class Scrapers:
         self.captures = self.traces_ok = 0
         self.trace_bytes_max = 0
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def join(self, timeout_s: float = 30.0) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout_s)
 
     def take_latencies(self) -> list[float]:
         with self.lock:
@@ -89,7 +98,7 @@ class Scrapers:
                 self.trace_bytes_max = max(self.trace_bytes_max, len(t.content))
 
 
-class Hostile:
+class Hostile(Threads):
     """What a careless or hostile client does (issue 18): ``slow`` sockets that request a trace
     and never read the answer, ``idle`` sockets that connect and send nothing (reopened when the
     server closes them), and a /healthz probe every 0.2 s whose latency is recorded."""
@@ -102,16 +111,6 @@ class Hostile:
         self.idle_closed_by_server = 0
         self.slow_requests = 0
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._slow, self._idle, self._probe)]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def join(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            if t.ident is not None:  # started
-                t.join(30)
 
     def _sock(self) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
