@@ -62,10 +62,10 @@ def marker(path: Path, name: str):
 CPU = [p for p in SCRIPTS if marker(p, "DEVICE") != "gpu"]
 
 
-def run(args: list[str], timeout_s: float) -> tuple[int, str, str, float]:
+def run(args: list[str], timeout_s: float, env: dict = ENV) -> tuple[int, str, str, float]:
     t0 = time.monotonic()
     try:
-        r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
     except subprocess.TimeoutExpired as e:
         return -1, str(e.stdout or ""), f"timed out after {timeout_s} s", time.monotonic() - t0
@@ -128,11 +128,12 @@ def test_every_device_call_script_answers_help(script):
 
 
 @pytest.fixture(scope="module")
-def smokes() -> dict:
+def smokes(tmp_path_factory) -> dict:
     recorded = (BENCH / "results", ROOT / "docs" / "ab")
     before = tree_digest(*recorded)
     runnable = [p for p in CPU if not missing_needs(p)]
-    runs = parallel(lambda p: run([str(p), "--smoke"], 2 * SMOKE_MAX_S), runnable)
+    env = dict(ENV, TMPDIR=str(tmp_path_factory.mktemp("smoke")))  # where smoke runs write: pytest cleans it
+    runs = parallel(lambda p: run([str(p), "--smoke"], 2 * SMOKE_MAX_S, env), runnable)
     after = tree_digest(*recorded)
     return {"runs": runs, "changed": sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))}
 
