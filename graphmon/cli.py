@@ -63,7 +63,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                 for k, v in d["invalid_records"].items():
                     out["invalid_records"][k] = out["invalid_records"].get(k, 0) + v
         # Indented for a person at a terminal; compact into a pipe or file: indent=2 forces json's
-        # pure-Python encoder, ~5x slower (bench/analyze_json.py: seconds with 100k graphs).
+        # pure-Python encoder, ~5x slower (bench/analysis/analyze_json.py: seconds with 100k graphs).
         tty = sys.stdout.isatty()
         sys.stdout.write(json.dumps(out, indent=2 if tty else None, separators=None if tty else (",", ":")) + "\n")
     else:

@@ -3,11 +3,11 @@
 # .whl/, see docs/attach.md): the GPU tests three times in a row, the end-to-end tests on real
 # clients (HF transformers static-cache generate; a vLLM-shaped spawn tree), and a live
 # `graphmon run` over examples/decode_server.py scraped over HTTP; with "impact", what graphmon
-# costs a serving loop (bench/host_impact.py, agent mode, ~7 min) and the decode path on this
-# machine's CPU (bench/decode_buffers.py). Everything lands under $OUT (small summaries + one
+# costs a serving loop (bench/overhead/host_impact.py, agent mode, ~7 min) and the decode path on this
+# machine's CPU (bench/collector/decode_buffers.py). Everything lands under $OUT (small summaries + one
 # tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,trace,decode,impact (default tests,e2e,live;
-# idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/trace_cost.py;
-# decode: bench/decode_buffers.py; impact: bench/host_impact.py; deploy: bench/deploy_restart.py, < 6 min,
+# idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/overhead/trace_cost.py;
+# decode: bench/collector/decode_buffers.py; impact: bench/overhead/host_impact.py; deploy: bench/deploy/deploy_restart.py, < 6 min,
 # with a real Prometheus when .prom/prometheus.xz is carried).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
@@ -89,31 +89,31 @@ PY
   wait $RUN; echo "graphmon run exit code: $?" | tee -a "$OUT/live-summary.txt"
 fi
 if has trace; then
-  echo "== what kernel tracing costs a replay on the GPU (bench/trace_cost.py; CUPTI buffers on the device, then pinned)"
-  timeout 150 $PY bench/trace_cost.py --out "$OUT/all/trace" > "$OUT/all/trace-cost.log" 2>&1; echo "exit $?"
-  timeout 150 $PY bench/trace_cost.py --out "$OUT/all/trace" --pinned > "$OUT/all/trace-cost-pinned.log" 2>&1; echo "exit $?"
+  echo "== what kernel tracing costs a replay on the GPU (bench/overhead/trace_cost.py; CUPTI buffers on the device, then pinned)"
+  timeout 150 $PY bench/overhead/trace_cost.py --out "$OUT/all/trace" > "$OUT/all/trace-cost.log" 2>&1; echo "exit $?"
+  timeout 150 $PY bench/overhead/trace_cost.py --out "$OUT/all/trace" --pinned > "$OUT/all/trace-cost-pinned.log" 2>&1; echo "exit $?"
   cp "$OUT"/all/trace/trace-cost*.json "$OUT/" 2>/dev/null
   grep -h "kernels;" "$OUT"/all/trace-cost*.log | tee "$OUT/trace-cost-summary.txt"
 fi
 if has decode; then
-  echo "== decode path on this CPU, native and numpy side by side (bench/decode_buffers.py)"
-  timeout 120 $PY bench/decode_buffers.py --out "$OUT" > "$OUT/all/decode-buffers.log" 2>&1; echo "exit $?"
+  echo "== decode path on this CPU, native and numpy side by side (bench/collector/decode_buffers.py)"
+  timeout 120 $PY bench/collector/decode_buffers.py --out "$OUT" > "$OUT/all/decode-buffers.log" 2>&1; echo "exit $?"
 fi
 if has impact; then
-  echo "== host impact (bench/host_impact.py --modes agent $IMPACT_ARGS)"
-  timeout ${IMPACT_TIMEOUT_S:-480} $PY bench/host_impact.py --out "$OUT/all/impact" --modes agent $IMPACT_ARGS \
+  echo "== host impact (bench/overhead/host_impact.py --modes agent $IMPACT_ARGS)"
+  timeout ${IMPACT_TIMEOUT_S:-480} $PY bench/overhead/host_impact.py --out "$OUT/all/impact" --modes agent $IMPACT_ARGS \
     > "$OUT/all/host-impact.log" 2>&1; echo "exit $?"
   cp "$OUT/all/impact/host-impact.json" "$OUT/" 2>/dev/null
   tail -5 "$OUT/all/host-impact.log"
 fi
 if has deploy; then
-  echo "== a deploy under one agent: decode v1 -> v2 (memcpy nodes) -> v3, HF h1 -> h2 (bench/deploy_restart.py)"
+  echo "== a deploy under one agent: decode v1 -> v2 (memcpy nodes) -> v3, HF h1 -> h2 (bench/deploy/deploy_restart.py)"
   # a Prometheus binary carried as .prom/prometheus.xz (the device has none): the shipped rules fire for real
   PROM_ARGS=()
   if [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))"; then
     chmod +x /tmp/prometheus && PROM_ARGS=(--prometheus /tmp/prometheus)
   fi
-  timeout 340 $PY bench/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 330 "${PROM_ARGS[@]}" > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
+  timeout 340 $PY bench/deploy/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 330 "${PROM_ARGS[@]}" > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
   cp "$OUT/all/deploy/deploy-restart.json" "$OUT/" 2>/dev/null
   grep -h "^rank " "$OUT/all/deploy-restart.log" | tee "$OUT/deploy-restart-summary.txt"
 fi

@@ -20,7 +20,7 @@ middle halves do not overlap (current p25 > baseline p75): one gap per replay is
 a separation rule stands in for a test over thousands of boundaries. It is **widened** (flagged)
 when it moved by at least ``WIDENED_MIN_SHIFT_NS`` = 256 ns (8 ticks): between two captures of the
 same graph single boundaries differ by up to 224 ns (7 ticks; at most 7 of ~960 boundaries per
-graph move at all; bench/boundary_null.py -> bench/results/boundary_null.json), while the halves of
+graph move at all; bench/analysis/boundary_null.py -> bench/results/boundary_null.json), while the halves of
 one capture move none.
 
 Verdict per graph: ``uniform`` when at least half of the boundaries moved (like the seed's upload
@@ -42,7 +42,7 @@ import numpy as np
 
 from graphmon.model.trace import Trace
 
-WIDENED_MIN_SHIFT_NS = 256.0  # 8 ticks: above every boundary shift between captures of one graph (bench/boundary_null.py)
+WIDENED_MIN_SHIFT_NS = 256.0  # 8 ticks: above every boundary shift between captures of one graph (bench/analysis/boundary_null.py)
 UNIFORM_MIN_FRACTION = 0.5
 CONCENTRATED_MAX_FRACTION = 0.10
 CONCENTRATED_MAX_COUNT = 3

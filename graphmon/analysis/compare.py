@@ -24,7 +24,7 @@ Why 128 ns / 20% and not 2 ticks / 10%: two captures of the *same* graph differ 
 instance variance). In the bundled H200 capture, decode_bs2 uploaded vs not differ by +80 ns
 (+11.6%) on one side stream, Bonferroni-adjusted p = 1e-5; a 2-tick/10% rule would flag that. Across all
 null pairs, 9 streams have p_adj < 0.01 with |shift| <= 80 ns (<= 11.6%). The numbers are in
-docs/ab/compare-null.json (bench/ab_compare_null.py). The motivating regression (0.19 -> 0.51 µs,
+docs/ab/compare-null.json (bench/analysis/compare_null.py). The motivating regression (0.19 -> 0.51 µs,
 +320 ns, +168%) is far above both thresholds. The price: a real gap shift below 128 ns or 20%
 is reported (shift, CI, p) but not flagged. The replay's span and idle time never flag a stream:
 their intervals are within one capture per side, which cannot separate a 1-2% span change from

@@ -1,6 +1,6 @@
 """Today's (first) implementation of the analysis, kept as the reference: it handles records in
 any order with general sorts. graphmon.analysis.replays.analyze uses it where the data breaks the
-ordering that the fast path (fast.py) relies on; tests and bench/analysis_throughput.py compare the
+ordering that the fast path (fast.py) relies on; tests and bench/analysis/throughput.py compare the
 two for bit-identical results."""
 
 from __future__ import annotations

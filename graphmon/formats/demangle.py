@@ -2,7 +2,7 @@
 
 Uses ``cxxfilt``, a thin ctypes wrapper around libstdc++'s own ``__cxa_demangle`` (the demangler
 GCC, binutils' c++filt and the CUDA tools agree with). Measured on every mangled kernel name in
-tests/data (bench/demangle_names.py -> bench/results/demangle.json): cxxfilt matched c++filt on
+tests/data (bench/formats/demangle_names.py -> bench/results/demangle.json): cxxfilt matched c++filt on
 all of them; the pure-Python itanium_demangler failed on 8 of 13 and cpp_demangle (Rust) printed
 template arguments differently on 12 of 13. Anything that cannot be demangled (no libstdc++ on the
 host, an invalid or overlong name) is shown mangled: display only, never an error.

@@ -4,7 +4,7 @@ Kineto traces are one JSON object whose ``traceEvents`` list may hold millions o
 caller walks the structure with :meth:`JsonStream.peek` / :meth:`JsonStream.expect` and decodes
 each element with :meth:`JsonStream.value` (the stdlib's C scanner), so memory holds one element
 at a time and no element may exceed ``ReadLimits.max_event_bytes``. Kept (over a library) by
-measurement (bench/parse_kineto.py -> bench/results/parse-kineto.json): orjson and msgspec load
+measurement (bench/formats/parse_kineto.py -> bench/results/parse-kineto.json): orjson and msgspec load
 the whole document (and orjson gives float64 microseconds, not ns-exact for epoch-based
 timestamps); ijson streams with Decimals but is no faster than this reader.
 """

@@ -50,7 +50,7 @@ class DecodeModel:
         self.E = [[self._randn(hidden, q) for _ in range(n_mat)] for _ in range(layers)]
         self.side = [torch.cuda.Stream(device=dev) for _ in range(side_streams)]
         # memcpy: a tiny device-to-device copy (a memcpy node in the captured graph, no kernel) after
-        # every kernel, on the kernel's stream (one scratch buffer per stream): bench/deploy_restart.py's
+        # every kernel, on the kernel's stream (one scratch buffer per stream): bench/deploy/deploy_restart.py's
         # "new build" whose gaps widen on every stream while every kernel stays the same.
         self.memcpy = memcpy
         self._copy_src = torch.zeros(16, device=dev, dtype=torch.bfloat16)

@@ -151,7 +151,7 @@ def test_two_halves_of_one_capture_flag_nothing(request, which):
 
 @pytest.mark.parametrize("pair", [("decode_bs2/no_upload", "decode_bs2/upload"), ("decode_bs1/upload", "decode_bs1/no_upload")])
 def test_two_captures_of_one_graph_widen_nothing(native, pair):
-    """Capture-to-capture differences stay under the widened threshold (bench/boundary_null.py)."""
+    """Capture-to-capture differences stay under the widened threshold (bench/analysis/boundary_null.py)."""
     a = attribute(native, native, pairs=[pair], top=1000).graphs[0]
     assert a.flagged == 0 and a.verdict == "none"
     assert max((b.shift_ns for b in a.top if b.moved), default=0) < WIDENED_MIN_SHIFT_NS

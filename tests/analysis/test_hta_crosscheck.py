@@ -1,22 +1,16 @@
 """graphmon's per-stream idle time agrees with HolisticTraceAnalysis (HTA) on the real Kineto trace.
 
 HTA (dev extra; pure Python, no torch) is skipped cleanly when missing. The comparison code is
-bench/ab_hta_crosscheck.py, which also writes the numbers docs/hta-crosscheck.md cites.
+bench/analysis/hta_crosscheck.py, which also writes the numbers docs/hta-crosscheck.md cites.
 """
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("hta", reason="HolisticTraceAnalysis not installed (pip install -e '.[dev]')")
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("ab_hta_crosscheck", ROOT / "bench" / "ab_hta_crosscheck.py")
-xc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(xc)
+from bench.analysis import hta_crosscheck as xc  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -131,3 +131,18 @@ def test_the_flag_check_notices_a_wrong_flag():
     assert unknown_flags("graphmon serve --window-launches 4", parsers) == ["--window-launches"]  # run's, not serve's
     assert doc_command_lines("text `graphmon agent\n--bogus 1` more\n```bash\ngraphmon run --x -- y  # c\n```") == \
         ["graphmon run --x -- y  ", "graphmon agent --bogus 1"]
+# A bench, a result or a bench test cited by path: `bench/...`, `../bench/...`, `tests/bench/...`.
+BENCH_PATH = re.compile(r"(?<![\w/])(?:\.\./)*((?:tests/)?bench/[\w./*-]*[\w*/])")
+
+
+def test_every_cited_bench_or_result_path_exists():
+    """README.md, docs/ and graphmon's comments point at benches and results that exist (a glob
+    like soak-agent* must match a file); bench/README.md says which bench made each result."""
+    cited, missing = 0, []
+    for p in DOCS + sorted((ROOT / "graphmon").rglob("*.py")):
+        for m in BENCH_PATH.finditer(p.read_text()):
+            cited += 1
+            path = m.group(1)
+            if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                missing.append(f"{p.relative_to(ROOT)}: {path}")
+    assert cited > 50 and not missing, "\n".join(missing)

@@ -2,7 +2,7 @@
 under `graphmon run`). Phase 1: generate until the file argv[2] exists (graphmon samples).
 Phase 2: detach graphmon (CUPTI is exclusive), profile a few generate calls with torch.profiler and
 write the Chrome trace to argv[1]/prof.json. ``build()`` is the model and generate arguments, shared
-with the GPU benchmarks (bench/diag_replays.py, bench/first_data.py)."""
+with the GPU benchmarks (bench/diag/replays.py, bench/deploy/first_data.py, deploy_restart.py)."""
 import os
 import sys
 import time

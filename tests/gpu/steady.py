@@ -1,8 +1,8 @@
-"""bench/first_data.py's mark in the GPU workloads: the time their compiled graphs replay steadily."""
+"""bench/deploy/first_data.py's mark in the GPU workloads: the time their compiled graphs replay steadily."""
 import os
 import time
 
-STEADY_ENV = "GRAPHMON_BENCH_STEADY_FILE"  # set by bench/first_data.py; the workloads then skip their profiler phase
+STEADY_ENV = "GRAPHMON_BENCH_STEADY_FILE"  # set by bench/deploy/first_data.py; the workloads then skip their profiler phase
 
 
 def mark_steady() -> bool:

@@ -22,7 +22,7 @@ def worker(local_rank: int, out_dir: str, go_file: str) -> None:
     with torch.inference_mode():
         for _ in range(3):  # warm-up, then cudagraph trees record
             step(x)
-        steady_file = os.environ.get("GRAPHMON_BENCH_STEADY_FILE")  # bench/first_data.py: no profile
+        steady_file = os.environ.get("GRAPHMON_BENCH_STEADY_FILE")  # bench/deploy/first_data.py: no profile
         while not os.path.exists(go_file) and time.monotonic() < t_end:
             for _ in range(50):
                 step(x)

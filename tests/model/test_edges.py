@@ -41,7 +41,7 @@ def test_complete_replays_uses_the_usual_count_and_ignores_correlation_zero():
 
 
 def test_complete_replays_on_real_h200_windows():
-    """Raw records of six CuptiSource windows on the H200 (bench/cupti_sessions.py: a 16-layer
+    """Raw records of six CuptiSource windows on the H200 (bench/diag/cupti_sessions.py: a 16-layer
     decode graph uploaded + lazy, 320 kernels a replay; the host in step with the GPU or ~100 ms
     ahead of it). Every window launch comes back whole under its own correlation id; the
     launches made while the window drained (some with zero timestamps: flushed before they ran)

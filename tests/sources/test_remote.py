@@ -449,7 +449,7 @@ def test_a_process_that_never_reads_cannot_block_a_capture(agent):
 def test_a_burst_of_processes_connecting_at_once_is_not_refused_by_the_kernel():
     """The listen backlog holds max_processes connects: with 64, a burst of 100 processes
     connecting at once (a restart of many workers) got EAGAIN from connect before the accept
-    loop could take them (seen in bench/soak_agent.py)."""
+    loop could take them (seen in bench/agent/soak_agent.py)."""
     lst = AgentListener(None, on_connect=lambda p: None, on_close=lambda p: None)  # not started: nothing accepts
     socks = []
     try:

@@ -1,16 +1,12 @@
-"""One-minute soak (bench/soak.py): `graphmon serve` replays the real H200 trace at 10 windows/s
+"""One-minute soak (bench/serve/soak.py): `graphmon serve` replays the real H200 trace at 10 windows/s
 under 8 scrapers (+ captures and trace downloads). Bounds after a 20 s warm-up: RSS grows
 < 64 MiB, threads and open fds stay within a handful, every request answers, the trace store
 and the graph series cap hold. The 10-minute run's figures are in bench/results/soak.md."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from soak import MiB, run_soak  # noqa: E402
+from bench.common.paths import MiB
+from bench.serve.soak import run_soak
 
 RSS_GROWTH_BOUND_MIB = 64
 THREADS_SLACK = 4  # uvicorn's worker threads for sync handlers come and go

@@ -37,11 +37,13 @@ CUPTI_SUCCESS = 0
 # Byte offsets in CUDA_GRAPH_INSTANTIATE_PARAMS {cuuint64_t flags; CUstream hUploadStream; ...}.
 _IP_FLAGS, _IP_UPLOAD_STREAM = 0, 8
 
-_LAUNCH = ("cuGraphLaunch", "cuGraphLaunch_ptsz")
-_UPLOAD = ("cuGraphUpload", "cuGraphUpload_ptsz")
-_INSTANTIATE = ("cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
-                "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz")
-_DESTROY = ("cuGraphExecDestroy",)
+# The driver API calls graphmon subscribes to, by kind (public: bench/overhead/cupti_idle_cost.py
+# subscribes the same ones with cupti-python alone).
+LAUNCH_APIS = ("cuGraphLaunch", "cuGraphLaunch_ptsz")
+UPLOAD_APIS = ("cuGraphUpload", "cuGraphUpload_ptsz")
+INSTANTIATE_APIS = ("cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
+                    "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz")
+DESTROY_APIS = ("cuGraphExecDestroy",)
 
 
 class RawBuffer(NamedTuple):
@@ -174,13 +176,13 @@ class CuptiPythonApi:
         self._handler: Optional[CallbackHandler] = None
         ids = self.c.DriverApiTraceCbid
         self._dispatch: dict[int, Any] = {}
-        for names, fn in ((_LAUNCH, self._launch), (_UPLOAD, self._upload), (_INSTANTIATE, self._instantiate),
-                          (_DESTROY, self._destroy)):
+        for names, fn in ((LAUNCH_APIS, self._launch), (UPLOAD_APIS, self._upload),
+                          (INSTANTIATE_APIS, self._instantiate), (DESTROY_APIS, self._destroy)):
             for name in names:
                 cbid = getattr(ids, name, None)
                 if cbid is not None:
                     self._dispatch[int(cbid)] = (name, fn)
-        self._launch_cbids = [k for k, (n, _) in self._dispatch.items() if n in _LAUNCH]
+        self._launch_cbids = [k for k, (n, _) in self._dispatch.items() if n in LAUNCH_APIS]
 
     # ------------------------------------------------------------------ subscription
     def subscribe(self, handler: CallbackHandler) -> None:

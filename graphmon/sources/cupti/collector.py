@@ -59,7 +59,7 @@ from graphmon.sources.cupti.tracing import TraceSwitch
 log = logging.getLogger("graphmon.cupti")
 
 # After subscribing again for a window: CUPTI state changes made the next replays of a graph pay
-# one-time work on the H200 (bench/cupti_idle_cost.py --stages); the reference phase starts after
+# one-time work on the H200 (bench/overhead/cupti_idle_cost.py --stages); the reference phase starts after
 _RESUME_SETTLE_S = 0.05
 _ARMED_POLL_S = 1.0  # armed, the collector wakes on the opening launch (an Event); this bounds its sleep
 
@@ -95,7 +95,7 @@ class CuptiSource(WindowClose, Source):
         # Sized for a sampling window; a capture that needs more slots grows the window's ring
         # on the collector thread before its phase starts. Why not max_window_launches up front:
         # 9 lists of 65,536 slots per ring took ~3 ms of GIL each in attach(), which on an HF
-        # decode loop showed up as the attach's stall (bench/attach_stall.py).
+        # decode loop showed up as the attach's stall (bench/overhead/attach_stall.py).
         self._max_launches = min(s.max_window_launches, 1 << 20)
         cap = min(self._max_launches, max(s.window_launches, 64))
         self._ref = LaunchRing("ref", cap)
@@ -244,7 +244,7 @@ class CuptiSource(WindowClose, Source):
         no launch or got no record): the tracing budget (``max_traced_share``) within
         [interval_s, max_interval_s]. Traced steps run slower on the GPU (observer_slowdown
         1.27-1.65 on the H200's benchmark loops); kept under 0.1% of the steps they stay out of
-        the host's p99.9 step time (bench/host_impact.py)."""
+        the host's p99.9 step time (bench/overhead/host_impact.py)."""
         s = self.settings
         wait = max(s.interval_s, min(s.max_interval_s, traced_s / s.max_traced_share))
         self.stats["interval_s"] = wait

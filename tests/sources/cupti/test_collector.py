@@ -388,7 +388,7 @@ def test_launches_while_draining_are_left_out_and_counted(boundary):
     ("h200-graphmon-chain.graphmon.npz", {"uploaded", "lazy"}),
 ])
 def test_h200_recordings_hold_complete_labelled_replays(name, modes):
-    """Recorded on the H200 by graphmon itself (bench/gpu_overhead.py, record mode)."""
+    """Recorded on the H200 by graphmon itself (bench/overhead/gpu_overhead.py, record mode)."""
     import os
 
     from graphmon.formats.read import read_trace
@@ -506,7 +506,7 @@ def test_drain_waits_for_a_launch_call_that_blocks():
 
 
 def test_keep_raw_keeps_the_unfiltered_window():
-    # diagnostics (bench/cupti_sessions.py): the records before window-edge filtering
+    # diagnostics (bench/diag/cupti_sessions.py): the records before window-edge filtering
     fake, src, windows = make(observer="off", keep_raw=True)
     h = fake.instantiate(decode_like(2))
     src.start(windows.append)

@@ -1,0 +1,1 @@
+"""Whether one graphmon agent holds many collectors and hostile peers."""

@@ -1,0 +1,1 @@
+"""Which reader and which demangler: graphmon's choices against the libraries."""

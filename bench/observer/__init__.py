@@ -1,0 +1,1 @@
+"""What CUPTI's tracing does to the numbers graphmon reports (the observer effect), and what can time every replay."""
