@@ -60,10 +60,9 @@ from deploy_restart import _get
 
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SELF))
-NAMESPACE = "fleet"
-ALERT = "GraphmonFleetDeployRegression"
-GRAPH = "decode_bs1"
+NAMESPACE, ALERT, GRAPH = "fleet", "GraphmonFleetDeployRegression", "decode_bs1"  # GRAPH: the label of every pod's graph
 WORKLOADS = {"widened": (False, True), "identical": (False, False), "rollback": (True, False)}  # memcpy of a, b
+KIND = {False: "original", True: "memcpy"}
 
 
 # ---------------------------------------------------------------------- an engine pod (its own process)
@@ -134,9 +133,9 @@ def pod(a) -> int:
             replay, timed, sync, handle, pause_s = engine(a.dry_run, a.memcpy)
             graphmon.label_graph(handle, name=GRAPH, batch_size=1)  # one name in every process of any build
             ms = [timed() for _ in range(a.truth_replays + 10)][10:]  # untraced: graphmon not attached yet
-        truth = {"pod": os.environ["GRAPHMON_POD_NAME"], "memcpy": a.memcpy, "replays": len(ms),
-                 "median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-                 "p90_ms": float(np.percentile(ms, 90)), "ms": [round(x, 6) for x in ms]}
+        p10, p50, p90 = (float(x) for x in np.percentile(ms, [10, 50, 90]))
+        truth = {"pod": os.environ["GRAPHMON_POD_NAME"], "memcpy": a.memcpy, "replays": len(ms), "median_ms": p50,
+                 "p10_ms": p10, "p90_ms": p90, "ms": [round(x, 6) for x in ms]}
         with open(a.truth + ".tmp", "w") as fh:
             json.dump(truth, fh)
         os.replace(a.truth + ".tmp", a.truth)
@@ -205,14 +204,15 @@ class Fleet:
         self.logs, self.lock_path, pdir = (os.path.join(args.out, d) for d in ("logs", "gpu.lock", "prometheus"))
         for d in ("logs", "pods", "gpu.wanted", "prometheus"):
             os.makedirs(os.path.join(args.out, d), exist_ok=True)
-        self.sock_dir = tempfile.mkdtemp(prefix="graphmon-fleet-")  # short: a Unix socket path is <= 107 bytes
-        env = self.env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHMON_") and k not in ("RANK", "LOCAL_RANK")}
-        paths = [ROOT] + ([os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "fake_site")] if args.dry_run else [])
-        env.update(PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        # sockets (a Unix socket path is <= 107 bytes) and Prometheus's TSDB (not results) in /tmp
+        self.tmp = tempfile.mkdtemp(prefix="graphmon-fleet-")
+        env = self.env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHMON_") and "RANK" not in k}
+        paths = [ROOT] + ([os.path.join(ROOT, "tests", d) for d in ("", "fake_site")] if args.dry_run else [])
+        env.update(PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).strip(os.pathsep))
         self.procs, self.agents, self.prom = {}, [], None  # pods by name; agents: (process, socket, port)
         try:
             for node in ("n0", "n1"):  # a node's DaemonSet agent: its socket, its port
-                sock, port = os.path.join(self.sock_dir, f"{node}.sock"), free_port()
+                sock, port = os.path.join(self.tmp, f"{node}.sock"), free_port()
                 p = subprocess.Popen([sys.executable, "-m", "graphmon.cli", "agent", "--port", str(port), "--socket",
                                       sock], env=env, stdout=self._log(f"agent-{node}"), stderr=subprocess.STDOUT)
                 self.agents.append((p, sock, port))
@@ -229,7 +229,7 @@ class Fleet:
                     yaml.safe_dump(obj, fh, sort_keys=False)
             self.prom_base = f"http://127.0.0.1:{free_port()}"
             self.prom = subprocess.Popen([args.prometheus, f"--config.file={pdir}/prometheus.yml",
-                                          f"--storage.tsdb.path={pdir}/data", f"--web.listen-address={self.prom_base[7:]}",
+                                          f"--storage.tsdb.path={self.tmp}/data", f"--web.listen-address={self.prom_base[7:]}",
                                           "--log.level=warn"], stdout=self._log("prometheus"), stderr=subprocess.STDOUT,
                                          cwd=pdir)
             _wait_ready(self.prom_base + "/-/ready", self.prom, "prometheus")
@@ -298,22 +298,21 @@ class Fleet:
         raise RuntimeError(f"Prometheus saw no replays of {workload} build {h} in {timeout_s:.0f} s")
 
     def close(self) -> None:
-        for name in self.procs:
+        for name in self.procs:  # every pod's stop file first: they stop together
             open(self.pod_file(name, "stop"), "w").close()
-        for p in list(self.procs.values()) + [a[0] for a in self.agents] + ([self.prom] if self.prom else []):
-            try:
-                p.wait(10 if p in self.procs.values() else 0)  # pods stop on their stop file
-            except subprocess.TimeoutExpired:
-                p.terminate()
+        for name in self.procs:
+            self.stop_pod(name)
+        for p in [a[0] for a in self.agents] + ([self.prom] if self.prom else []):
+            p.terminate()
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(self.sock_dir, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------- a rolling update of one workload
 def rollout(fleet: Fleet, workload: str) -> dict:
+    """A rolling update of one workload from build a to b, node by node, and what paged."""
     args, deadline_s = fleet.args, fleet.args.rate_window + fleet.args.for_s
     memcpy, hashes = dict(zip("ab", WORKLOADS[workload])), {b: build_hash(workload, b) for b in "ab"}
     builds = {b: {"hash": hashes[b], "memcpy": memcpy[b], "pods": {}} for b in "ab"}
@@ -389,9 +388,8 @@ def table(doc: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in doc["workloads"]:
         a, b = r["builds"]["a"], r["builds"]["b"]
-        kind = lambda x: "memcpy" if x["memcpy"] else "original"  # noqa: E731
         reg = r["deploy_regression"].get(b["hash"], {}).get("last")
-        lines.append(f"| {r['workload']} | {kind(a)} -> {kind(b)} | {a['untraced_median_ms']:.4f} / "
+        lines.append(f"| {r['workload']} | {KIND[a['memcpy']]} -> {KIND[b['memcpy']]} | {a['untraced_median_ms']:.4f} / "
                      f"{b['untraced_median_ms']:.4f} ({r['untraced_ratio_b_a']:.3f}) | "
                      f"{'yes, ' + format(r['fired_after_s'], 'g') if r['fired'] else 'no'} | {reg} | "
                      f"{r.get('argo_regressed_graphs')} | {r['verdict_agrees_with_untraced']} |")
@@ -479,12 +477,13 @@ def main(argv=None) -> int:
     ap.add_argument("--together", action="store_true", help="roll the workloads out at once (default in the dry run)")
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="start no workload that would end past this many seconds (default 520: a 10-minute device call)")
+    ap.add_argument("--smoke", action="store_true", help="seconds: the dry run of the widened workload alone")
     args = ap.parse_args(argv)
-    dry = args.dry_run
-    args.rate_window = args.rate_window or (8.0 if dry else 30.0)
-    args.for_s = args.for_s if args.for_s is not None else (4.0 if dry else 30.0)
-    args.interval_s = args.interval_s or (0.2 if dry else 1.0)
-    args.together = args.together or dry
+    if args.smoke:
+        args.dry_run, args.workloads, args.truth_replays = True, "widened", 20
+    args.rate_window = args.rate_window or (8.0 if args.dry_run else 30.0)
+    args.for_s = args.for_s if args.for_s is not None else (4.0 if args.dry_run else 30.0)
+    args.interval_s, args.together = args.interval_s or (0.2 if args.dry_run else 1.0), args.together or args.dry_run
     args.workloads = [w for w in args.workloads.split(",") if w]
     bad = [w for w in args.workloads if w not in WORKLOADS]
     if bad or not args.workloads:
