@@ -81,12 +81,6 @@ def gpu_turn(lock, wanted: str = ""):
         fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def serving_turn(lock, wanted_dir: str):
-    while os.listdir(wanted_dir):  # a pod is starting: it goes first
-        time.sleep(0.005)
-    return gpu_turn(lock)
-
-
 def engine(dry_run: bool, memcpy: bool):
     """(replay, timed_replay_ms, synchronize, exec handle, pause between turns) of this build's graph."""
     if dry_run:  # tests/fake_site: the fake GPU runs the graph on its clock; memcpy = +1.5 us per gap
@@ -142,7 +136,9 @@ def pod(a) -> int:
         graphmon.attach(interval_s=a.interval_s, first_window_s=0.0, window_launches=4, max_traced_share=1.0)
         t_end = time.monotonic() + a.seconds
         while not os.path.exists(a.stop) and time.monotonic() < t_end and os.getppid() == parent:
-            with serving_turn(lock, wanted_dir):
+            while os.listdir(wanted_dir):  # a pod is starting: it goes first
+                time.sleep(0.005)
+            with gpu_turn(lock):
                 for _ in range(8):
                     replay()
                 sync()
@@ -444,6 +440,9 @@ def run(args) -> int:
                 t = fleet.now()
                 one(wl)
                 took = max(took, fleet.now() - t)
+    except SystemExit as e:  # SIGTERM (a timeout): what was measured is written below
+        errors.append(f"interrupted (exit {e.code}) after {fleet.now():.0f} s")
+        raise
     finally:
         fleet.close()
         write(args, doc, list(results), errors, fleet.now())
@@ -491,7 +490,8 @@ def main(argv=None) -> int:
     if not args.prometheus or not os.access(args.prometheus, os.X_OK):
         ap.error(f"no Prometheus binary ({args.prometheus or 'none on PATH'}): give --prometheus PATH")
     args.prometheus, args.out = os.path.abspath(args.prometheus), os.path.abspath(args.out)  # Fleet makes out/
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops every pod and agent
+    # a timeout's TERM stops every pod and agent and writes the JSON; timeout(1) sends it twice (to us and our group)
+    signal.signal(signal.SIGTERM, lambda *_: (signal.signal(signal.SIGTERM, signal.SIG_IGN), sys.exit(143)))
     return run(args)
 
 
