@@ -136,7 +136,8 @@ def pod(a) -> int:
         graphmon.attach(interval_s=a.interval_s, first_window_s=0.0, window_launches=4, max_traced_share=1.0)
         t_end = time.monotonic() + a.seconds
         while not os.path.exists(a.stop) and time.monotonic() < t_end and os.getppid() == parent:
-            while os.listdir(wanted_dir):  # a pod is starting: it goes first
+            t_wait = time.monotonic() + 5  # a pod is starting: it goes first (5 s at most: one that died waiting)
+            while os.listdir(wanted_dir) and time.monotonic() < t_wait:
                 time.sleep(0.005)
             with gpu_turn(lock):
                 for _ in range(8):
@@ -187,11 +188,6 @@ def argo_query(rate_window_s: float, canary: str, stable: str) -> str:
     return q.replace("[5m]", f"[{rate_window_s:g}s]")
 
 
-def build_hash(workload: str, build: str) -> str:
-    """The pod-template-hash of a workload's build (one per pod spec, as a ReplicaSet's)."""
-    return f"{workload[:4]}{build}5c8"
-
-
 class Fleet:
     def __init__(self, args) -> None:
         import yaml
@@ -240,8 +236,7 @@ class Fleet:
         return time.time() - self.t0
 
     # -- pods
-    def start_pod(self, workload: str, build: str, node: int, memcpy: bool) -> str:
-        h = build_hash(workload, build)
+    def start_pod(self, workload: str, h: str, node: int, memcpy: bool) -> str:
         name = f"{workload}-{h}-n{node}"
         env = {**self.env, "GRAPHMON_AGENT": self.agents[node][1], "GRAPHMON_POD_NAMESPACE": NAMESPACE,
                "GRAPHMON_POD_NAME": name, "GRAPHMON_POD_TEMPLATE_HASH": h, "GRAPHMON_CONTAINER_NAME": "engine",
@@ -310,20 +305,24 @@ class Fleet:
 def rollout(fleet: Fleet, workload: str) -> dict:
     """A rolling update of one workload from build a to b, node by node, and what paged."""
     args, deadline_s = fleet.args, fleet.args.rate_window + fleet.args.for_s
-    memcpy, hashes = dict(zip("ab", WORKLOADS[workload])), {b: build_hash(workload, b) for b in "ab"}
+    # each build's pod-template-hash (one per pod spec, as a ReplicaSet's: a' of identical gets its own)
+    memcpy, hashes = dict(zip("ab", WORKLOADS[workload])), {b: f"{workload[:4]}{b}5c8" for b in "ab"}
     builds = {b: {"hash": hashes[b], "memcpy": memcpy[b], "pods": {}} for b in "ab"}
     res, pods, fired_at, regression = {"workload": workload, "started_s": fleet.now(), "builds": builds}, [], [], {}
+    stop = threading.Event()
 
     def up(build: str, nodes: tuple) -> None:  # pods of the build on the nodes, once they measured their truth
-        new = [fleet.start_pod(workload, build, n, memcpy[build]) for n in nodes]
-        pods.extend(new)
+        pods.extend(new := [fleet.start_pod(workload, hashes[build], n, memcpy[build]) for n in nodes])
         builds[build]["pods"].update((name, fleet.truth(name)) for name in new)
 
-    def watch() -> None:  # the alert and the fleet verdict per build
-        for a in fleet.firing(workload)[:1]:
-            fired_at[:] = fired_at or [(time.time() - t_b, a)]
-        for r in fleet.query(f'fleet:graphmon_deploy_regression{{workload="{workload}"}}'):
-            regression.setdefault(r["metric"]["build"], []).append(float(r["value"][1]))
+    def watch() -> None:  # the alert and the fleet verdict per build, every second from b's first pod on
+        while not stop.wait(1):
+            for a in fleet.firing(workload)[:1]:
+                fired_at[:] = fired_at or [(time.time() - t_b, a)]
+            for r in fleet.query(f'fleet:graphmon_deploy_regression{{workload="{workload}"}}'):
+                regression.setdefault(r["metric"]["build"], []).append(float(r["value"][1]))
+
+    watcher = threading.Thread(target=watch, daemon=True)
 
     try:
         up("a", (0, 1))
@@ -331,26 +330,25 @@ def rollout(fleet: Fleet, workload: str) -> dict:
         time.sleep(args.rate_window)  # a serves alone for a window: nothing to compare with, nothing fires
         res["firing_before_rollout"] = fleet.firing(workload)
         t_b, res["b_first_pod_started_s"] = time.time(), fleet.now()
+        watcher.start()
         for n in (0, 1):  # the rolling update: b's pod up and serving, then a's pod on that node down
             up("b", (n,))
             if n == 0:  # both builds serve: what a canary analysis sees (the template passes iff 0)
                 fleet.wait_serving(workload, hashes["b"])
                 r = fleet.query(argo_query(args.rate_window, hashes["b"], hashes["a"]))
                 res["argo_regressed_graphs"] = float(r[0]["value"][1]) if r else None
-            watch()
             fleet.stop_pod(pods[n])
         res["rollout_done_s"] = fleet.now()
-        # watched to the page deadline, and at least until b alone held the alert's for: (the dry
-        # run's pods start slower than its compressed deadline)
+        # watched to the page deadline, and >= for: after the rollout (dry-run pods start slower than that)
         end = max(t_b + deadline_s, time.time() + args.for_s) + args.margin_s
         while time.time() < end and not fired_at:
-            watch()
-            time.sleep(1)
-        watch()
+            time.sleep(0.5)
         newest = [r["metric"]["build"] for r in fleet.query(f'fleet:graphmon_build:newest{{workload="{workload}"}}')]
     finally:
+        stop.set()
         for name in pods:
             fleet.stop_pod(name)
+    watcher.join(30)
     res.update(page_deadline_s=deadline_s, fired=bool(fired_at), fired_after_s=round(fired_at[0][0], 1) if fired_at
                else None, alert=fired_at[0][1] if fired_at else None, newest_build=newest,
                paged_within_deadline=bool(fired_at) and fired_at[0][0] <= deadline_s,
