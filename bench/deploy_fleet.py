@@ -4,6 +4,7 @@ for it, as the untraced replay time says? (issue 35; the CPU twin is tests/syste
 
     python bench/deploy_fleet.py --out DIR --prometheus PATH   # H200: real decode graphs, ~7 min
     python bench/deploy_fleet.py --out DIR --dry-run           # CPU: fake torch + CUPTI (tests/fake_site), < 1 min
+(on the device: cupti wheels from .whl/, Prometheus from .prom/prometheus.xz, as scripts/gpu_check.sh's deploy)
 
 Two `graphmon agent`s (two ports and sockets) are two nodes' DaemonSet agents; a real Prometheus
 scrapes both (honor_labels, as the PodMonitor) with the shipped rules. Three workloads of 2 pods
@@ -472,8 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--truth-replays", type=int, default=300, help="untraced replays per pod (default 300)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ",".join(WORKLOADS))
     ap.add_argument("--together", action="store_true", help="roll the workloads out at once (default in the dry run)")
-    ap.add_argument("--budget-s", type=float, default=520.0,
-                    help="start no workload that would end past this many seconds (default 520: a 10-minute device call)")
+    ap.add_argument("--budget-s", type=float, default=500.0,
+                    help="start no workload that would end past this many seconds (default 500: a 10-minute device call)")
     ap.add_argument("--smoke", action="store_true", help="seconds: the dry run of the widened workload alone")
     args = ap.parse_args(argv)
     if args.smoke:
