@@ -21,13 +21,11 @@ agent (GRAPHMON_AGENT + graphmon.attach, windows of 4 launches every ``--interva
 One GPU: processes time-slice, putting other pods' kernels inside a replay's gaps and event time.
 So each pod's GPU work (setup + truth, each batch of 8 replays + synchronize) holds one file lock
 (DIR/gpu.lock), and the workloads run one after another (at most 3 engine processes at once;
-``--together`` runs them at once, as the dry run does). deploy_restart.py's HF client is not used:
-torch.compile's graphs cannot be labelled from outside, and a 10-minute device call holds 3 workloads.
+``--together``: at once, as the dry run does). No HF client: torch.compile's graphs cannot be labelled.
 
 Time compression, in this Prometheus's copy of the rules only (stated in the JSON): the fleet rules'
 ``[5m]`` are ``--rate-window`` s (the Argo AnalysisTemplate's query too) and the alert's ``for: 5m``
-is ``--for-s`` s; every threshold and every other rule as shipped. The shipped 10 minutes (5m window
-+ 5m for) become ``page_deadline_s`` = rate window + for.
+is ``--for-s`` s; every threshold and every other rule as shipped: ``page_deadline_s`` = window + for.
 
 DIR/deploy-fleet.json per workload: builds (hash, memcpy, pods with their untraced medians), the
 untraced median replay per build and the ratio b/a, whether and when (s after b's first pod started)
@@ -62,7 +60,7 @@ if not __package__:  # run as a file: import bench.* and graphmon from this chec
 from bench.common.agentload import free_port  # noqa: E402
 from bench.deploy.deploy_restart import _get  # noqa: E402
 
-DEVICE = "gpu"  # CI imports it and asks --help; its --dry-run: tests/bench/deploy/test_fleet.py
+DEVICE = "gpu"  # CI imports it and asks --help; --dry-run: tests/bench/deploy/test_fleet.py
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SELF)))
 NAMESPACE, ALERT, GRAPH = "fleet", "GraphmonFleetDeployRegression", "decode_bs1"  # GRAPH: the label of every pod's graph

@@ -30,6 +30,7 @@ from _promutil import (
     expand,
     family_of,
     load_alert_rules,
+    load_recording_rules,
     load_dashboards,
     panel_targets,
     referenced_metrics,
@@ -267,7 +268,7 @@ def test_ratio_panel_compares_upload_modes_by_label(stack):
 
 def test_alert_rules_load_and_evaluate_on_live_data(stack):
     prom, _ = stack
-    expected = {r["alert"] for r in load_alert_rules()}
+    expected = {r["alert"] for r in load_alert_rules()} | {r["record"] for r in load_recording_rules()}
     end = time.monotonic() + 10
     while True:
         rules = [r for g in prom.get("/api/v1/rules")["groups"] for r in g["rules"]]
@@ -277,7 +278,7 @@ def test_alert_rules_load_and_evaluate_on_live_data(stack):
         time.sleep(1)
     assert {r["name"] for r in rules} == expected
     bad = {r["name"]: r.get("lastError") for r in rules if r["health"] != "ok"}
-    assert not bad, f"alert rules fail on live data: {bad}"
+    assert not bad, f"rules fail on live data: {bad}"
     # A healthy demo pages nobody: no alert is firing (none has had its `for` time anyway, but a
     # rule that matches healthy data would show as pending).
     active = prom.get("/api/v1/alerts")["alerts"]
