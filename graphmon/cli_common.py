@@ -22,6 +22,7 @@ def _settings_from_args(args: argparse.Namespace):
         "host": args.host, "port": args.port, "token": args.token,
         "window_interval_s": getattr(args, "window_interval_s", None), "max_graphs": args.max_graphs, "max_streams": args.max_streams,
         "cardinality": getattr(args, "cardinality", None), "stale_after_s": getattr(args, "stale_after_s", None),
+        "detail_graphs": getattr(args, "detail_graphs", None),
     }.items() if v is not None}
     try:
         return Settings(**over)
@@ -40,9 +41,13 @@ def _add_server_flags(p: argparse.ArgumentParser, replay: bool = True) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1; env GRAPHMON_HOST)")
     p.add_argument("--port", type=int, help="port (default 9479; env GRAPHMON_PORT)")
     p.add_argument("--token", help="bearer token for POST /capture (env GRAPHMON_TOKEN)")
+    p.add_argument("--cardinality", choices=("low", "standard", "full"),
+                   help="series per rank (default standard: per-graph series for the detail graphs only; full: "
+                        "every graph, every bucket; low: no histograms; env GRAPHMON_CARDINALITY)")
+    p.add_argument("--detail-graphs", type=int,
+                   help="graphs per rank with series of their own at standard and low: the ones the GPU "
+                        "spends most time in (default 2; env GRAPHMON_DETAIL_GRAPHS)")
     if replay:
-        p.add_argument("--cardinality", choices=("full", "low"),
-                       help="low: no histogram buckets, quantile summaries only (env GRAPHMON_CARDINALITY)")
         p.add_argument("--stale-after-s", type=float,
                        help="drop series of graphs not sampled this long (default 600; env GRAPHMON_STALE_AFTER_S)")
         p.add_argument("--window-interval-s", type=float,

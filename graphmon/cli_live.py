@@ -14,7 +14,7 @@ def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
     keys = ("host", "port", "token", "max_graphs", "max_streams", "interval_s", "max_traced_share", "max_interval_s",
             "window_launches", "window_duration_ms", "max_drain_ms", "close", "buffer_size_bytes", "max_buffers",
-            "max_window_records")
+            "max_window_records", "cardinality", "detail_graphs")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:

@@ -27,7 +27,8 @@ from graphmon.host.attach import AGENT_ENV, ATTACH_ENV, Recorder, source_keys
 
 HOOK_FALLBACK_ENV = "GRAPHMON_HOOK_FALLBACK"
 COLLECTOR_DISTS = ("numpy", "pydantic-settings", "cupti-python")  # what the light collector imports beyond the stdlib
-AGENT_KEYS = ("host", "port", "token", "max_graphs", "max_streams", "trace_store_count", "trace_store_bytes")
+AGENT_KEYS = ("host", "port", "token", "max_graphs", "max_streams", "trace_store_count", "trace_store_bytes",
+              "cardinality", "detail_graphs")
 
 
 def _dist_links(dist_name: str, seen: set) -> dict[str, str]:

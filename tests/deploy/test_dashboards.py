@@ -106,7 +106,8 @@ def test_required_panels_are_there():
     decode, health = exprs["graphmon-decode.json"], exprs["graphmon-health.json"]
     for needed in ('graphmon_kernel_gap_quantile_seconds{quantile="0.5"', 'graphmon_kernel_gap_quantile_seconds{quantile="0.9"',
                    "graphmon_kernel_gap_seconds_bucket", 'kind=~"gpu|busy|idle"',
-                   "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", "graphmon_launch_latency_seconds_bucket"):
+                   "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", 'kind="launch_latency"',
+                   'kind="inter_replay_gap"'):
         assert needed in decode, needed
     for needed in ("graphmon_up", "graphmon_windows_total", "graphmon_records_dropped_total", "graphmon_records_invalid_total",
                    "graphmon_observer_slowdown_ratio", "graphmon_series_folded_total", "graphmon_collector_errors_total",
