@@ -45,9 +45,10 @@ def _yield_gil() -> None:
 
 
 def _hist_add(old: Optional[Hist], counts: np.ndarray, sum_ns: int, count: int) -> Hist:
+    c = counts.tolist()  # Python ints: exact, and one conversion for the row
     if old is None:
-        return Hist(tuple(int(x) for x in counts), int(sum_ns), int(count))
-    return Hist(tuple(int(a) + int(b) for a, b in zip(old.counts, counts)), old.sum_ns + int(sum_ns), old.count + int(count))
+        return Hist(tuple(c), int(sum_ns), int(count))
+    return Hist(tuple([a + b for a, b in zip(old.counts, c)]), old.sum_ns + int(sum_ns), old.count + int(count))
 
 
 class Aggregator:
@@ -387,6 +388,7 @@ class Aggregator:
         o = np.argsort(kid, kind="stable")
         ks = kid[o]
         offs = np.r_[np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]), len(ks)]
+        quantiles: dict[tuple, dict] = {key: {} for key in uniq}
         for kind, (fld, bounds) in REPLAY_KINDS.items():
             vals = getattr(r, fld)[o]
             present = vals != NO_VALUE  # no launch record / no previous replay
@@ -399,27 +401,24 @@ class Aggregator:
                 self._out_of_range(kind, int((present & ~valid).sum()))
             if not valid.any():
                 continue
-            v, grp = vals[valid], ks[valid]
+            v, grp = vals[valid], ks[valid]  # grouped by key (ks is sorted)
             counts = bucket_counts(v, grp, len(uniq), bounds)
-            sums = np.bincount(grp, minlength=len(uniq)) * 0
+            sums = np.zeros(len(uniq), np.int64)
             np.add.at(sums, grp, v)  # int64: exact; values <= MAX_VALUE_NS cannot overflow in a window
             ns = np.bincount(grp, minlength=len(uniq))
+            # the last window's quantiles, of the histogram's values (one definition), every key at once
+            qs = grouped_quantiles(v[np.lexsort((v, grp))], np.r_[0, np.cumsum(ns)], REPLAY_QUANTILES, presorted=True)
             for i, key in enumerate(uniq):
                 if ns[i]:
                     self._rep_hist.setdefault(key, {})[kind] = _hist_add(
                         self._rep_hist.get(key, {}).get(kind), counts[i], sums[i], ns[i])
+                    quantiles[key][kind] = tuple(qs[i].tolist())
         for i, key in enumerate(uniq):
             rows = o[offs[i] : offs[i + 1]]
             self._replays[key] = self._replays.get(key, 0) + len(rows)
             self._kpr[key] = float(np.median(r.kernels[rows]))
             self._last_sampled[key] = ended_s
-            qd = {}
-            for kind, (fld, _) in REPLAY_KINDS.items():
-                v = getattr(r, fld)[rows]
-                v = np.sort(v[(v >= 0) & (v <= MAX_VALUE_NS)])  # the histogram's values: one definition
-                if len(v):  # launch latency and the gap between replays are not always known
-                    qd[kind] = tuple(float(x) for x in grouped_quantiles(v, np.array([0, len(v)]), REPLAY_QUANTILES)[0])
-            self._rep_q[key] = qd
+            self._rep_q[key] = quantiles[key]  # kinds without a value in the window (no launch) left out
             span = r.span_ns[rows]
             self._detail.replayed((key[0], key[1]), int(span[(span >= 0) & (span <= MAX_VALUE_NS)].sum()), ended_s)
 
