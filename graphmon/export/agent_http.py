@@ -21,7 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from graphmon.export.agent import EMPTY_REASONS, RANK_DROP_REASONS, Agent
 from graphmon.export.ranks import LINK_COUNTERS
-from graphmon.export.body import Blocks, Body, RankPieces, skeleton
+from graphmon.export.body import DEDUPE, Blocks, Body, RankPieces, skeleton
 from graphmon.export.exposition import FORMATS, TEXT, render_formats
 from graphmon.export.families import build_info
 from graphmon.model.wire import WIRE_REASONS
@@ -32,7 +32,6 @@ PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
 DEVICE_INFO_LABELS = ["rank", "device", "UUID", "pci_bus_id", "gpu_name", "host"]
 RENDER_INTERVAL_S = 1.0
 FORMAT_IDLE_S = 300.0  # a format nobody asked for this long is no longer rendered ahead
-DEDUPE = frozenset({"graphmon_build_info"})  # one line per distinct build, whoever exports it
 
 
 def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:

@@ -28,6 +28,7 @@ from graphmon.export.textwriter import rank_chunks
 GZIP_LEVEL = 6  # the demo's body: 10.7 kB in 2.3 ms (level 9: 9.8 kB in 17 ms; level 1: 13.4 kB in 0.9 ms)
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0, OS unknown
 EOF_LINE = b"# EOF\n"
+DEDUPE = frozenset({"graphmon_build_info"})  # one line per distinct build, whoever exports it
 
 
 class Body(NamedTuple):
@@ -65,7 +66,7 @@ class Blocks:
         self._runs: dict[str, list] = {}  # fmt -> [(blocks of the run, chunk)]
         self.compressed_bytes = 0  # bytes compressed (tests, bench)
 
-    def build(self, fmt: str, parts: Sequence[Sequence[Family]], dedupe: frozenset = frozenset(),
+    def build(self, fmt: str, parts: Sequence[Sequence[Family]], dedupe: frozenset = DEDUPE,
               gzip: bool = False) -> Body:
         """The body of ``parts``; families in ``dedupe`` keep one copy of each sample line (e.g. one
         build_info line for many processes of one build)."""
