@@ -25,7 +25,8 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scrape_latency import _free_port, trace_for_series  # noqa: E402
+from agentload import free_port  # noqa: E402
+from scrape_latency import trace_for_series  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,8 +42,10 @@ def main() -> None:
     if prometheus is None:
         raise SystemExit("prometheus not found")
     tmp = Path(tempfile.mkdtemp())
-    trace_for_series(max(1, round(args.series / 250))).save(tmp / "bench.graphmon.npz")
-    port, prom_port = _free_port(), _free_port()
+    from graphmon.formats.native import write_trace
+
+    write_trace(trace_for_series(max(1, round(args.series / 250))), tmp / "bench.graphmon.npz")
+    port, prom_port = free_port(), free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(tmp / "bench.graphmon.npz"),
                                "--port", str(port), "--speed", "0.05"], stderr=subprocess.DEVNULL)]
     iv = f"{args.scrape_interval_s:g}s"
@@ -76,8 +79,10 @@ def main() -> None:
             p.terminate()
             p.wait(10)
     doc = {
-        "what": "scrape_duration_seconds of a real Prometheus scraping `graphmon serve` (~1,000 series, a window "
-                "every second); every sample over the run",
+        "what": "scrape_duration_seconds of a real Prometheus scraping `graphmon serve` (the synthetic trace of "
+                "scrape_latency.py for --series, at the default cardinality level; a window every second); every "
+                "sample over the run",
+        "command": "python bench/prometheus_scrape.py " + " ".join(sys.argv[1:]),
         "prometheus": subprocess.run([prometheus, "--version"], capture_output=True, text=True).stdout.split("\n")[0],
         "scrape_interval_s": args.scrape_interval_s, "seconds": args.seconds, "samples_per_scrape": n_series,
         "scrapes": len(vals), "up_min": float(up["data"]["result"][0]["value"][1]),
