@@ -183,7 +183,7 @@ def metric_sum(text: str, name: str, **labels) -> float:
     return total
 
 
-def run_case(ranks: int, seconds: float, tree: Path | None, log=print) -> dict:
+def run_case(ranks: int, seconds: float, tree: Path | None, log=print, name: str = "") -> dict:
     tmp = tempfile.mkdtemp(prefix="graphmon-fleet-")
     sock, port = os.path.join(tmp, "agent.sock"), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -234,7 +234,7 @@ def run_case(ranks: int, seconds: float, tree: Path | None, log=print) -> dict:
         made = sum(r["windows"] for r in sent)
         ingested = metric_sum(body, "graphmon_windows_total")
         doc = {
-            "code": "this tree" if tree is None else str(tree), "ranks": ranks, "seconds": seconds,
+            "code": "this tree" if tree is None else (name or str(tree)), "ranks": ranks, "seconds": seconds,
             "window": "4 graphs x 4 replays x 240 kernels on 4 streams (3,840 records), 1/s per rank",
             "windows_made": made, "windows_ingested": int(ingested), "windows_lost": int(made - ingested),
             "windows_dropped_by_link": sum(r["windows_dropped"] for r in sent),
@@ -283,12 +283,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--baseline-tree", type=Path, help="another checkout's agent under the same load first")
+    ap.add_argument("--baseline-name", default="", help="what the baseline is, for the tables (default: its path)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="writes agent-fleet.json and .md")
     ap.add_argument("--smoke", action="store_true", help="4 ranks for 5 s, nothing written")
     a = ap.parse_args(argv)
     if a.smoke:
         a.ranks, a.seconds = 4, 5.0
-    cases = [run_case(a.ranks, a.seconds, tree, log=lambda m: print(m, flush=True))
+    cases = [run_case(a.ranks, a.seconds, tree, log=lambda m: print(m, flush=True), name=a.baseline_name)
              for tree in ([a.baseline_tree] if a.baseline_tree else []) + [None]]
     mine = cases[-1]
     met = {"scrape_p99_ms": mine["scrape_p99_ms"] < TARGETS["scrape_p99_ms"],

@@ -18,11 +18,11 @@ Then no general sort and no second gather is needed. Each kernel becomes one pac
   one in-place sort of the packed *values* (nearly sorted: timsort), then one running maximum.
 Why not numba (issue 16 measured a numba single pass at 23-36M records/s): it costs ~200 MB
 installed and a ~2 s first compile that holds the GIL, and this numpy formulation reaches the
-target without it. bench/results/analysis-throughput.json, 10M records on one quiet core, median
-of 5 (fast and reference side by side, alternating): 25.6M records/s with quantiles (min 22.5M)
-in ``graphmon analyze``'s process, whose freed temporaries are reused (analysis/heap.py), and
-18.2M with glibc's default allocator, where first-touch page faults on the temporaries are a
-third of the time and most of the spread.
+target without it. bench/results/analysis-throughput.json, 10M records on one core of a shared
+2-core machine, median of 5 (fast and reference side by side, alternating): 38.0M records/s with
+quantiles (the reference 17.3M) in ``graphmon analyze``'s process, whose freed temporaries are
+reused (analysis/heap.py), and 27.8M with glibc's default allocator, where first-touch page
+faults on the temporaries are much of the time and most of the spread.
 """
 
 from __future__ import annotations
