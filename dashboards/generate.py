@@ -358,20 +358,23 @@ def decode_dashboard() -> dict[str, Any]:
     p.append(timeseries(lay, "Replays sampled per second", "Replays whose kernels the collector timed.",
                         targets((f"sum by ({by_graph}) (rate(graphmon_replays_sampled_total{{{GRAPH_SEL}}}[{RATE}]))",
                                  legend_graph)), unit="ops"))
-    p.append(timeseries(lay, "Launch latency (CPU launch to first kernel start)",
-                        "Only where the launch time is known (live CUPTI, Kineto traces); no data for recorded traces without launches.",
+    replay_q = "graphmon_replay_quantile_seconds"
+    p.append(timeseries(lay, "Launch latency (CPU launch to first kernel start, last window)",
+                        "Exact quantiles of the last window. Only where the launch time is known (live CUPTI, Kineto "
+                        "traces); no data for recorded traces without launches.",
                         targets(
-                            (hist_quantile("0.5", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL),
+                            (f'{replay_q}{{kind="launch_latency", quantile="0.5", {GRAPH_SEL}}}',
                              "p50 {{graph}} [{{upload_mode}}] " + WHERE),
-                            (hist_quantile("0.99", "graphmon_launch_latency_seconds", by_graph, GRAPH_SEL),
+                            (f'{replay_q}{{kind="launch_latency", quantile="0.99", {GRAPH_SEL}}}',
                              "p99 {{graph}} [{{upload_mode}}] " + WHERE),
                         )))
-    p.append(timeseries(lay, "Gap between replays",
-                        "Previous replay's last kernel end to the next replay's first kernel start, same graph: host-side time between decode steps.",
+    p.append(timeseries(lay, "Gap between replays (last window)",
+                        "Previous replay's last kernel end to the next replay's first kernel start, same graph: host-side "
+                        "time between decode steps. Exact quantiles of the last window.",
                         targets(
-                            (hist_quantile("0.5", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL),
+                            (f'{replay_q}{{kind="inter_replay_gap", quantile="0.5", {GRAPH_SEL}}}',
                              "p50 {{graph}} [{{upload_mode}}] " + WHERE),
-                            (hist_quantile("0.9", "graphmon_inter_replay_gap_seconds", by_graph, GRAPH_SEL),
+                            (f'{replay_q}{{kind="inter_replay_gap", quantile="0.9", {GRAPH_SEL}}}',
                              "p90 {{graph}} [{{upload_mode}}] " + WHERE),
                         )))
 
@@ -452,6 +455,11 @@ def health_dashboard() -> dict[str, Any]:
     p.append(stat(lay, "Series folded into \"other\"", "Graphs beyond the series cap are exported as graph=\"other\"; raise the cap if this grows.",
                   f"sum by ({by_rank}) (graphmon_series_folded_total{{{RANK_SEL}}})", WHERE,
                   thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]))
+    p.append(stat(lay, "Graphs without series of their own", "Graphs of the rank beyond its detail graphs (the ones "
+                  "the GPU spends most time in, --detail-graphs; all graphs at --cardinality full): counted here, their "
+                  "figures in /status and /graphs.",
+                  f'sum by ({by_rank}) (graphmon_graphs{{detail="false", {RANK_SEL}}})', WHERE,
+                  thresholds=[{"color": "green", "value": None}]))
     p.append(table(lay, "Collector state", "Current state per instance and rank: running, starting (no graph launched "
                    "yet), blocked (another CUPTI subscriber such as a profiler: a warning, not a failure), degraded, "
                    "stopped, error. GET /status on the agent gives the reason.",

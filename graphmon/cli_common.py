@@ -21,7 +21,7 @@ log = logging.getLogger("graphmon")
 _HTTP_FIELDS = ("host", "port", "token", "token_file", "web_config_file", "protect_status", "max_graphs",
                 "max_streams", "max_devices", "max_label_length", "stale_after_s", "cardinality", "trace_store_count",
                 "trace_store_bytes", "max_capture_replays", "max_capture_ms", "max_connections", "header_timeout_s",
-                "keep_alive_timeout_s", "max_trace_downloads", "trace_cache_bytes")
+                "keep_alive_timeout_s", "max_trace_downloads", "trace_cache_bytes", "detail_graphs")
 SERVER_FIELDS = {
     "serve": _HTTP_FIELDS + ("window_interval_s", "replays_per_window"),
     "agent": _HTTP_FIELDS + ("expect_processes", "state_dir"),  # agent, run and record

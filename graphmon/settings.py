@@ -136,7 +136,11 @@ class Settings(BaseSettings):
     max_devices: int = Field(16, ge=1, description="series cap: devices before folding into 'other'")
     max_label_length: int = Field(128, ge=16, le=4096, description="label values longer than this are cut (hash suffix)")
     stale_after_s: float = Field(600.0, gt=0, allow_inf_nan=False, description="drop series of graphs not sampled this long")
-    cardinality: Literal["full", "low"] = Field("full", description="low: no histogram buckets (summaries stay)")
+    cardinality: Literal["low", "standard", "full"] = Field(
+        "standard", description="series per rank: standard = per-graph series for the detail graphs only (coarser "
+        "histograms); full = every graph, every bucket and quantile; low = standard without histograms")
+    detail_graphs: int = Field(2, ge=0, description="graphs per rank with series of their own at cardinality "
+                               "standard and low: the ones the GPU spends most time in (others: /status, /graphs)")
     max_connections: int = Field(64, ge=1, description="open HTTP connections; more evict the oldest idle one")
     header_timeout_s: float = Field(10.0, gt=0, le=600, allow_inf_nan=False,
                                     description="a connection must send complete request headers within this")

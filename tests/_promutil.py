@@ -62,6 +62,7 @@ OTHER_SAMPLES = {
     "graphmon_label_values_truncated_total",
     "graphmon_values_out_of_range_total",
     "graphmon_kernel_tracing_seconds_total",  # issue 13: the tracing budget at work
+    "graphmon_graphs",  # issue 38: graphs with and without series of their own
     # The agent's deploy verdict (graphmon/export/deploy_metrics.py)
     "graphmon_deploy_regression",
     "graphmon_deploy_stream_regression",
@@ -69,6 +70,7 @@ OTHER_SAMPLES = {
     "graphmon_deploy_gap_added_seconds",
     "graphmon_deploy_reference_age_seconds",
     "graphmon_deploy_graphs_left_out",
+    "graphmon_deploy_graphs_regressed",
     "graphmon_deploy_windows_dropped_total",
     "graphmon_deploy_ranks_forgotten_total",
     "graphmon_deploy_computations_total",

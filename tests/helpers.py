@@ -345,3 +345,37 @@ def make_pki(folder):
     client = cert("prometheus", client_key, "graphmon test CA", ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
     return {"ca": write("ca.pem", ca), "cert": write("server.pem", server), "key": write("server.key", key),
             "client_cert": write("client.pem", client), "client_key": write("client.key", client_key)}
+
+
+def many_graphs(n_graphs=64, n_streams=4, replays=2, kernels_per_stream=8):
+    """A window of ``n_graphs`` graphs (half uploaded, half lazy) on ``n_streams`` streams, each
+    replayed ``replays`` times, with a launch record per replay (so the agent keeps them)."""
+    rows, t, corr = [], 10**12, 0
+    for g in range(n_graphs):
+        for _ in range(replays):
+            corr += 1
+            for s in range(n_streams):
+                for k in range(kernels_per_stream):
+                    st = t + k * 1_400 + (g % 7) * 10
+                    rows.append((st, st + 1_000, 7 + s, corr, g + 1))
+            t += kernels_per_stream * 1_400 + 20_000
+    a = np.array(rows, dtype=np.int64)
+    corrs = np.arange(1, corr + 1)
+    graphs = [GraphInfo(key=f"g{g + 1}", graph_id=g + 1, label=f"decode_bs{g + 1}",
+                        upload_mode="uploaded" if g % 2 else "lazy") for g in range(n_graphs)]
+    return Trace.build(start_ns=a[:, 0], end_ns=a[:, 1], stream=a[:, 2], correlation_id=a[:, 3], graph_id=a[:, 4],
+                       graphs=graphs, launches={"correlation_id": corrs, "graph": (corrs - 1) // replays,
+                                                "launch_ns": 10**12 - 5_000 + corrs})
+
+
+def deploy_result(n_graphs=64, n_streams=4):
+    """A deploy verdict's Result as DeployCollector reads it: every graph regressed (uniform)."""
+    import time
+    from types import SimpleNamespace
+
+    streams = [SimpleNamespace(stream_current=7 + s, flagged=True, shift_ns=300.0) for s in range(n_streams)]
+    graphs = [SimpleNamespace(graph=f"decode_bs{g + 1}", device=0, kind="uniform", regression=True,
+                              gap_added_ns=1_000.0 + g, streams=streams) for g in range(n_graphs)]
+    verdict = SimpleNamespace(graphs=graphs, regressions=lambda: graphs)
+    return SimpleNamespace(rank="0", reference="previous", state="ready", verdict=verdict,
+                           reference_newest_s=time.time(), current_incarnation="i1")

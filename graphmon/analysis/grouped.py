@@ -17,6 +17,7 @@ QUANTILES = (0.1, 0.5, 0.9, 0.99)
 # few large ones (the gaps of a 10M-record trace): np.partition per group, linear time.
 VECTOR_MIN_GROUPS = 64
 VECTOR_MAX_MEAN = 4096
+VECTOR_MAX_TOTAL = 1 << 16  # or a few small groups (an agent's window: 16 of ~60 gaps): one sort too
 # Counting quantiles when the group's value range is at most COUNT_RANGE_PER_VALUE x its size
 # (+ COUNT_RANGE_MIN): the histogram then costs no more memory than one copy of the group.
 COUNT_RANGE_PER_VALUE = 1
@@ -33,7 +34,8 @@ def grouped_quantiles(values: np.ndarray, offsets: np.ndarray, qs=QUANTILES, pre
     """
     counts = np.diff(offsets)
     out = np.full((len(counts), len(qs)), np.nan)
-    if len(counts) > VECTOR_MIN_GROUPS and len(values) < VECTOR_MAX_MEAN * len(counts):
+    total = int(offsets[-1] - offsets[0]) if len(counts) else 0
+    if (len(counts) > VECTOR_MIN_GROUPS or total <= VECTOR_MAX_TOTAL) and total < VECTOR_MAX_MEAN * len(counts):
         return _quantiles_many(values, offsets, counts, qs, presorted, out)
     for g in np.flatnonzero(counts > 0).tolist():
         v = values[offsets[g] : offsets[g + 1]]

@@ -151,7 +151,8 @@ class Agent:
         s = RankSeries(rank=rank, tag=tag, store=self.traces.view(tag))
         s.aggregator = Aggregator(rank=rank, max_graphs=st.max_graphs, max_streams=st.max_streams, trace_store=s.store,
                                   backend_info=s.backend_info, health=s.health, max_devices=st.max_devices,
-                                  max_label_length=st.max_label_length, stale_after_s=st.stale_after_s)
+                                  max_label_length=st.max_label_length, stale_after_s=st.stale_after_s,
+                                  detail_graphs=st.detail_graphs)
         s.aggregator.on_publish.append(self._published)
         return s
 

@@ -1,11 +1,12 @@
 """The agent's HTTP side: its own metric families, /metrics rendered per rank, /status, the server.
 
 /metrics is rendered by one thread, at most once per ``render_interval_s`` and only in the
-formats scrapers asked for recently; a scrape answers the last body (rendering only when there
-is none yet). Each rank's families are rendered once per snapshot of that rank and reused until
-the rank publishes a new one, so a window of one rank re-renders that rank only (rendering every
-process on every window took 307 ms for 64 processes). The server is ``serve``'s limited one
-(graphmon.export.limits): connection cap, header-read timeout, rate-limited logs.
+formats (and with the gzip) scrapers asked for recently; a scrape answers the last body
+(rendering only when there is none yet). Each rank's sample lines are written once per snapshot
+of that rank and reused until the rank publishes a new one, and each family's block is compressed
+only when its lines changed (graphmon.export.body), so a gzip scrape is a concatenation. The
+server is ``serve``'s limited one (graphmon.export.limits): connection cap, header-read timeout,
+rate-limited logs.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from prometheus_client.registry import CollectorRegistry
 
 from graphmon.export.agent import EMPTY_REASONS, RANK_DROP_REASONS, Agent
 from graphmon.export.ranks import LINK_COUNTERS
-from graphmon.export.collector import SnapshotCollector, build_info
-from graphmon.export.exposition import FORMATS, TEXT, Family, join_families, render_families
+from graphmon.export.body import DEDUPE, Blocks, Body, RankPieces, skeleton
+from graphmon.export.exposition import FORMATS, TEXT, render_formats
+from graphmon.export.families import build_info
 from graphmon.model.wire import WIRE_REASONS
 from graphmon.sources.remote import DROP_REASONS, REJECT_REASONS
 
@@ -30,7 +32,6 @@ PROCESS_INFO_LABELS = ["rank", "pid", "device", "host", "state"]
 DEVICE_INFO_LABELS = ["rank", "device", "UUID", "pci_bus_id", "gpu_name", "host"]
 RENDER_INTERVAL_S = 1.0
 FORMAT_IDLE_S = 300.0  # a format nobody asked for this long is no longer rendered ahead
-DEDUPE = frozenset({"graphmon_build_info"})  # one line per distinct build, whoever exports it
 
 
 def health_families(agent: Agent, device_info: bool = True) -> Iterable[Metric]:
@@ -160,7 +161,7 @@ class AgentMetrics:
     does); ``on_error(stage, exc)`` counts a rank whose families failed to render (it is then
     exported with its health families only)."""
 
-    def __init__(self, agent: Agent, *, cardinality: str = "full", render_interval_s: float = RENDER_INTERVAL_S,
+    def __init__(self, agent: Agent, *, cardinality: str = "standard", render_interval_s: float = RENDER_INTERVAL_S,
                  extra_errors: Callable[[], Mapping[str, int]] = dict,
                  on_error: Optional[Callable[[str, BaseException], None]] = None,
                  collectors: Optional[Sequence] = None) -> None:
@@ -171,26 +172,31 @@ class AgentMetrics:
         self.render_interval_s = float(render_interval_s)
         self._extra_errors = extra_errors
         self._on_error = on_error
-        self._bodies: dict[str, bytes] = {}
-        self._asked: dict[str, float] = {}  # format -> when a scrape last asked for it
-        self._pieces: dict[tuple[str, str], tuple] = {}  # (rank tag, format) -> (snapshot, extra, families)
-        self._skeleton: dict[str, list[Family]] = {}
+        self._bodies: dict[str, Body] = {}
+        self._asked: dict[tuple[str, bool], float] = {}  # (format, gzip) -> when a scrape last asked for it
+        self.pieces = RankPieces(cardinality, on_error=on_error)
+        self.blocks = Blocks()
+        self._skeleton = {fmt: skeleton(cardinality, fmt) for fmt in FORMATS}
         self._lock = threading.Lock()  # one render at a time
         self.renders = 0  # bodies rendered
-        self.piece_renders = 0  # ranks rendered (a rank whose snapshot did not change is reused)
         self.render_threads: set[str] = set()  # names of the threads that rendered (tests: never a reader thread)
         self.last_render_s = 0.0
+        self.last_render_cpu_s = 0.0  # CPU time of the last render (this thread's)
         self._thread: Optional[threading.Thread] = None
 
-    # -------------------------------------------------------------- what a scrape calls
-    def cached(self, fmt: str) -> Optional[bytes]:
-        self._asked[fmt] = time.monotonic()
-        return self._bodies.get(fmt)
+    @property
+    def piece_renders(self) -> int:
+        return self.pieces.renders
 
-    def body(self, fmt: str) -> bytes:
-        """The last body; rendered now only when there is none yet (the first scrape)."""
-        self._asked[fmt] = time.monotonic()
+    # -------------------------------------------------------------- what a scrape calls
+    def cached(self, fmt: str, gzip: bool = False) -> Optional[Body]:
+        self._asked[(fmt, gzip)] = time.monotonic()
         got = self._bodies.get(fmt)
+        return got if got is not None and (got.gz is not None or not gzip) else None
+
+    def body(self, fmt: str, gzip: bool = False) -> Body:
+        """The last body; rendered now only when there is none yet (the first scrape)."""
+        got = self.cached(fmt, gzip)
         if got is not None:
             return got
         self.render([fmt])
@@ -205,7 +211,8 @@ class AgentMetrics:
     def _run(self, stop: threading.Event) -> None:
         while not stop.wait(self.render_interval_s):
             now = time.monotonic()
-            formats = [f for f in FORMATS if now - self._asked.get(f, -1e18) < FORMAT_IDLE_S]
+            formats = [f for f in FORMATS if any(now - self._asked.get((f, z), -1e18) < FORMAT_IDLE_S
+                                                 for z in (False, True))]
             if formats:
                 try:
                     self.render(formats)
@@ -215,57 +222,26 @@ class AgentMetrics:
 
     def render(self, formats=FORMATS) -> None:
         with self._lock:
+            c0 = time.thread_time()
             self.render_threads.add(threading.current_thread().name)
-            atts = self.agent.attached()
-            extra = self._extra_errors()
-            extra_key = tuple(sorted(extra.items()))
-            live = set()
+            now = time.monotonic()
+            ranks = [(a.series.tag, a.aggregator.snapshot()) for a in self.agent.attached()]
+            parts = self.pieces.parts(ranks, self._extra_errors)
+            agent_parts = self._agent_parts(formats)
             for fmt in formats:
-                parts = [self._skeleton_of(fmt)]
-                for n, a in enumerate(atts):
-                    snap = a.aggregator.snapshot()
-                    key = (a.series.tag, fmt)
-                    live.add(key)
-                    ek = extra_key if n == 0 else ()
-                    hit = self._pieces.get(key)
-                    if hit is None or hit[0] is not snap or hit[1] != ek:
-                        hit = self._pieces[key] = (snap, ek, self._piece(snap, extra if n == 0 else None, fmt))
-                    parts.append(hit[2])
-                parts.append(self._agent_part(fmt))
-                self._bodies[fmt] = join_families(parts, fmt, DEDUPE)
+                gz = now - self._asked.get((fmt, True), -1e18) < FORMAT_IDLE_S
+                self._bodies[fmt] = self.blocks.build(fmt, [self._skeleton[fmt], *parts, agent_parts[fmt]], DEDUPE, gz)
                 self.renders += 1
-            for key in [k for k in self._pieces if k not in live and k[1] in formats]:
-                del self._pieces[key]  # a rank the agent dropped
             self.last_render_s = time.time()
+            self.last_render_cpu_s = time.thread_time() - c0
 
-    def _skeleton_of(self, fmt: str) -> list[Family]:
-        # Every family's header, even with no rank attached: the order and HELP/TYPE of a body.
-        sk = self._skeleton.get(fmt)
-        if sk is None:
-            sk = self._skeleton[fmt] = [(n, h, "") for n, h, _ in render_families(
-                _registry(SnapshotCollector(tuple, cardinality=self.cardinality)), fmt)]
-        return sk
-
-    def _piece(self, snap, extra: Optional[Mapping[str, int]], fmt: str) -> list[Family]:
-        self.piece_renders += 1
-        kw = {"cardinality": self.cardinality, "extra_errors": (lambda: extra) if extra else None}
+    def _agent_parts(self, formats) -> dict:
         try:
-            return render_families(_registry(SnapshotCollector(lambda: (snap,), **kw)), fmt)
-        except Exception as e:  # contained: this rank's health families only; the others are unaffected
-            if self._on_error is not None:
-                self._on_error("scrape", e)
-            try:
-                return render_families(_registry(SnapshotCollector(lambda: (snap,), health_only=True, **kw)), fmt)
-            except Exception:
-                return []
-
-    def _agent_part(self, fmt: str) -> list[Family]:
-        try:
-            return render_families(_registry(*self.collectors), fmt)
+            return render_formats(_registry(*self.collectors), formats)
         except Exception as e:
             if self._on_error is not None:
                 self._on_error("scrape", e)
-            return []
+            return {fmt: [] for fmt in formats}
 
 
 def status(agent: Agent) -> dict:
@@ -313,9 +289,14 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
     verdict = DeployVerdict(lookup=agent.trace_lookup, state=state)
     agent.window_hooks.append(verdict.on_window)
     agent.stop_hooks.append(verdict.stop)
+    def detail(rank: str):  # the rank's detail graphs (None at full: every graph has series)
+        s = agent.ranks.get(rank)
+        return frozenset() if s is None else s.aggregator.snapshot().detail_graphs
+
     deploy = deploy_metrics.DeployCollector(verdict, lambda: _live_incarnations(agent), max_graphs=st.max_graphs,
                                             max_streams=st.max_streams, max_label_length=st.max_label_length,
-                                            labels=lambda: _workload_labels(agent))
+                                            detail=None if st.cardinality == "full" else detail,
+                                            detail_graphs=st.detail_graphs, labels=lambda: _workload_labels(agent))
 
     def extra_status() -> dict:
         return {**status(agent), "deploy": deploy_metrics.status(verdict, _live_incarnations(agent), st.max_graphs)}
@@ -338,10 +319,10 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
 
 
 def render_metrics(agent: Agent, fmt: str = TEXT) -> bytes:
-    """/metrics as the agent serves it, rendered now: tests and diagnostics."""
+    """/metrics as the agent serves it (without process_*), rendered now: tests and diagnostics."""
     m = AgentMetrics(agent, cardinality=agent.settings.cardinality)
     m.render([fmt])
-    return m._bodies[fmt]
+    return m._bodies[fmt].text
 
 
 def serve_background(agent: Agent, host: str, port: int, timeout_s: float = 10.0,

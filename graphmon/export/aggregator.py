@@ -7,12 +7,12 @@ It formats nothing: report.summary turns a snapshot into /status dicts, off the 
 
 Series are bounded: devices, graphs per device and streams per graph are capped (the excess folds
 into "other", counted), label values are capped in length (a hash suffix keeps them distinct,
-counted), and graphs not sampled for ``stale_after_s`` are dropped.
+counted), and graphs not sampled for ``stale_after_s`` are dropped. Each snapshot names the
+rank's detail graphs (graphmon.export.detail): the ones with series of their own by default.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from graphmon.analysis.replays import NO_VALUE, Analysis, analyze, grouped_quantiles
-from graphmon.analysis.signature import graph_signatures
+from graphmon.export.detail import DetailGraphs, Signatures, cap_label
 from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, MAX_VALUE_NS, REPLAY_KINDS, REPLAY_QUANTILES, bucket_counts
 from graphmon.export.snapshot import GraphSeries, Hist, Snapshot, freeze
 from graphmon.export.tracestore import TraceStore
@@ -45,18 +45,10 @@ def _yield_gil() -> None:
 
 
 def _hist_add(old: Optional[Hist], counts: np.ndarray, sum_ns: int, count: int) -> Hist:
+    c = counts.tolist()  # Python ints: exact, and one conversion for the row
     if old is None:
-        return Hist(tuple(int(x) for x in counts), int(sum_ns), int(count))
-    return Hist(tuple(int(a) + int(b) for a, b in zip(old.counts, counts)), old.sum_ns + int(sum_ns), old.count + int(count))
-
-
-def cap_label(value: str, max_len: int) -> str:
-    """``value`` cut to ``max_len`` characters; a cut value ends in ``~`` + 8 hex digits of its
-    hash so two long values that share a prefix stay two series."""
-    if len(value) <= max_len:
-        return value
-    h = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return value[: max(0, max_len - 9)] + "~" + h
+        return Hist(tuple(c), int(sum_ns), int(count))
+    return Hist(tuple([a + b for a, b in zip(old.counts, c)]), old.sum_ns + int(sum_ns), old.count + int(count))
 
 
 class Aggregator:
@@ -79,6 +71,7 @@ class Aggregator:
         max_label_length: int = 128,
         stale_after_s: float = 600.0,
         process: Optional[Mapping[str, str]] = None,
+        detail_graphs: int = 2,
     ):
         self.rank = rank
         self.max_graphs, self.max_streams, self.max_devices = max_graphs, max_streams, max_devices
@@ -118,6 +111,7 @@ class Aggregator:
         self._folded_total = 0
         self._truncated = 0
         self._oor: dict[str, int] = {}
+        self._detail = DetailGraphs(detail_graphs)
         self._last_analysis: Optional[Analysis] = None
         self._last_gq: Optional[np.ndarray] = None
         self._waiters: dict[str, threading.Event] = {}
@@ -125,6 +119,15 @@ class Aggregator:
         # /metrics off the scrape path). Exceptions are counted, never raised.
         self.on_publish: list[Callable[[Snapshot], None]] = []
         self._snapshot = self._build_snapshot()
+
+    @property
+    def process(self) -> dict:
+        return self._process
+
+    @process.setter
+    def process(self, value: Mapping[str, str]) -> None:
+        # another process (a successor on the rank) may run changed graphs under the same keys
+        self._process, self._signatures = dict(value), Signatures()
 
     # ------------------------------------------------------------------ public
     def snapshot(self) -> Snapshot:
@@ -295,7 +298,7 @@ class Aggregator:
         names = t.graph_names()
         out: dict[tuple, tuple[str, GraphSeries]] = {}
         pairs = set(zip(a.replays.device.tolist(), a.replays.graph.tolist()))
-        sigs = graph_signatures(t)  # per window: a successor's changed graph shows under the same name
+        sigs = self._signatures.of(t, {gi for _, gi in pairs})
         for dev, gi in sorted(pairs):
             info = t.graphs[gi]
             d = self._device(dev)
@@ -385,6 +388,7 @@ class Aggregator:
         o = np.argsort(kid, kind="stable")
         ks = kid[o]
         offs = np.r_[np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]), len(ks)]
+        quantiles: dict[tuple, dict] = {key: {} for key in uniq}
         for kind, (fld, bounds) in REPLAY_KINDS.items():
             vals = getattr(r, fld)[o]
             present = vals != NO_VALUE  # no launch record / no previous replay
@@ -397,26 +401,26 @@ class Aggregator:
                 self._out_of_range(kind, int((present & ~valid).sum()))
             if not valid.any():
                 continue
-            v, grp = vals[valid], ks[valid]
+            v, grp = vals[valid], ks[valid]  # grouped by key (ks is sorted)
             counts = bucket_counts(v, grp, len(uniq), bounds)
-            sums = np.bincount(grp, minlength=len(uniq)) * 0
+            sums = np.zeros(len(uniq), np.int64)
             np.add.at(sums, grp, v)  # int64: exact; values <= MAX_VALUE_NS cannot overflow in a window
             ns = np.bincount(grp, minlength=len(uniq))
+            # the last window's quantiles, of the histogram's values (one definition), every key at once
+            qs = grouped_quantiles(v[np.lexsort((v, grp))], np.r_[0, np.cumsum(ns)], REPLAY_QUANTILES, presorted=True)
             for i, key in enumerate(uniq):
                 if ns[i]:
                     self._rep_hist.setdefault(key, {})[kind] = _hist_add(
                         self._rep_hist.get(key, {}).get(kind), counts[i], sums[i], ns[i])
+                    quantiles[key][kind] = tuple(qs[i].tolist())
         for i, key in enumerate(uniq):
             rows = o[offs[i] : offs[i + 1]]
             self._replays[key] = self._replays.get(key, 0) + len(rows)
             self._kpr[key] = float(np.median(r.kernels[rows]))
             self._last_sampled[key] = ended_s
-            qd = {}
-            for kind in ("gpu", "busy", "idle"):
-                v = getattr(r, REPLAY_KINDS[kind][0])[rows]
-                v = np.sort(v[(v >= 0) & (v <= MAX_VALUE_NS)])  # the histogram's values: one definition
-                qd[kind] = tuple(float(x) for x in grouped_quantiles(v, np.array([0, len(v)]), REPLAY_QUANTILES)[0])
-            self._rep_q[key] = qd
+            self._rep_q[key] = quantiles[key]  # kinds without a value in the window (no launch) left out
+            span = r.span_ns[rows]
+            self._detail.replayed((key[0], key[1]), int(span[(span >= 0) & (span <= MAX_VALUE_NS)].sum()), ended_s)
 
     def _expire(self) -> None:
         """Drop the series of graphs not sampled for stale_after_s (and free their slots)."""
@@ -484,4 +488,5 @@ class Aggregator:
             values_out_of_range_total=freeze(self._oor),
             label_values_truncated_total=self._truncated,
             devices=tuple(self._device_slots),
+            detail_graphs=self._detail.pick(self._graphs, self._last_window_s or 0.0),
         )

@@ -43,3 +43,13 @@ def bucket_counts(values: np.ndarray, group: np.ndarray, ngroups: int, bounds_ns
     nb = len(bounds_ns) + 1
     idx = np.searchsorted(np.asarray(bounds_ns, dtype=np.int64), values, side="left")
     return np.bincount(group * nb + idx, minlength=ngroups * nb).reshape(ngroups, nb)
+
+# The default level (--cardinality standard) exports coarser histograms, re-binned at render time
+# from the full counts: every bound here is also a full bound, so a cumulative count at it is
+# exact. Why these (docs/reliability.md, "Series and cardinality"): a detail graph with 4 streams
+# costs 84 series at standard, so two fit in the 300-per-rank budget with the health families.
+# Gaps: 0.13-1 us in 128-256 ns steps (the 0.19 -> 0.51 us median shift crosses three buckets),
+# then the tail up to 10 us; replay span and idle: one bucket per factor 2-4 around decode steps.
+GAP_BUCKETS_STANDARD_NS = (128, 256, 384, 512, 768, 1_000, 2_000, 10_000)
+REPLAY_BUCKETS_STANDARD_NS = (250_000, 500_000, 1_000_000, 2_500_000, 10_000_000)
+IDLE_BUCKETS_STANDARD_NS = (10_000, 50_000, 100_000, 250_000, 1_000_000)

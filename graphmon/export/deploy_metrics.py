@@ -15,23 +15,27 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
   the boundaries the verdict names, per replay (0 when none widened);
 - ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
+- ``graphmon_deploy_graphs_regressed{rank,reference}``: graphs the verdict finds regressed, exported or not;
 - ``graphmon_deploy_windows_dropped_total``, ``graphmon_deploy_ranks_forgotten_total``,
   ``graphmon_deploy_computations_total{outcome}``, ``graphmon_deploy_state_errors_total{op}`` (load | save).
 
 Series exist while the compared process is attached and the comparison is computed: a restart
 ends the previous verdict (its series go) until the new process has pooled enough replays.
+Per-graph series (12 for a graph with 4 streams) are bounded like the gap series: at cardinality
+standard and low, at most ``detail_graphs`` graphs per rank and reference, regressed graphs first
+(most gap added first), then the rank's detail graphs; at full, ``max_graphs``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Container, Iterable, Mapping, Optional
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from graphmon.analysis.deploy import KINDS, GraphVerdict
-from graphmon.export.aggregator import cap_label
+from graphmon.export.detail import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
 from graphmon.export.deploy_state import STATE_ERRORS
 from graphmon.export.identity import label_by_rank
@@ -56,16 +60,31 @@ class DeployCollector:
 
     def __init__(self, verdict: DeployVerdict, live: Optional[Callable[[], Iterable[str]]] = None, *,
                  max_graphs: int = 64, max_streams: int = 16, max_label_length: int = 128,
+                 detail: Optional[Callable[[str], Container]] = None, detail_graphs: int = 2,
                  labels: Optional[Callable[[], Mapping[str, Mapping[str, str]]]] = None) -> None:
+        """``detail(rank)``: the rank's detail graphs, (device, graph) pairs (None: every graph
+        up to ``max_graphs``, the full level)."""
         self.verdict, self.live = verdict, live
         self.labels = labels  # rank -> the workload labels of its process (graphmon.export.identity)
         self.max_graphs, self.max_streams, self.max_label_length = max_graphs, max_streams, max_label_length
+        self.detail, self.detail_graphs = detail, detail_graphs
 
     def results(self) -> list[Result]:
         """Results whose current process is attached (``live()``: the incarnations connected now)."""
         res = self.verdict.results
         live = set(self.live()) if self.live is not None else None
         return [r for k, r in sorted(res.items()) if live is None or r.current_incarnation in live]
+
+    def _graphs(self, r: Result) -> tuple[list[GraphVerdict], int]:
+        """The graphs with series of their own, and how many more have a verdict."""
+        graphs, n_left = _exported(r, self.max_graphs)
+        if self.detail is None:
+            return graphs, n_left
+        detail = self.detail(r.rank)
+        keep = [g for g in graphs if g.regression][: self.detail_graphs]
+        keep += [g for g in graphs if not g.regression and (str(g.device), cap_label(
+            _current_name(g), self.max_label_length)) in detail][: max(0, self.detail_graphs - len(keep))]
+        return keep, n_left + len(graphs) - len(keep)
 
     def collect(self) -> Iterable[Metric]:
         by_rank = self.labels() if self.labels is not None else {}
@@ -88,6 +107,9 @@ class DeployCollector:
         left = GaugeMetricFamily("graphmon_deploy_graphs_left_out",
                                  "Graphs with a deploy verdict beyond the series cap (in /status only).",
                                  labels=["rank", "reference"])
+        regressed = GaugeMetricFamily("graphmon_deploy_graphs_regressed",
+                                      "Graphs the deploy verdict finds regressed, with series or not.",
+                                      labels=["rank", "reference"])
         now = time.time()
         cap = self.max_label_length
         for r in self.results():
@@ -95,8 +117,9 @@ class DeployCollector:
                 age.add_metric([r.rank, r.reference], max(0.0, now - r.reference_newest_s))
             if r.state != "ready" or r.verdict is None:
                 continue
-            graphs, n_left = _exported(r, self.max_graphs)
+            graphs, n_left = self._graphs(r)
             left.add_metric([r.rank, r.reference], n_left)
+            regressed.add_metric([r.rank, r.reference], len(r.verdict.regressions()))
             for g in graphs:
                 lv = [r.rank, str(g.device), cap_label(_current_name(g), cap), r.reference]
                 for kind in KINDS:
@@ -113,6 +136,7 @@ class DeployCollector:
         yield added
         yield age
         yield left
+        yield regressed
         dropped = CounterMetricFamily("graphmon_deploy_windows_dropped",
                                       "Windows the deploy verdict could not pool (its queue was full).")
         dropped.add_metric([], self.verdict.dropped)
@@ -130,7 +154,8 @@ class DeployCollector:
         state = CounterMetricFamily("graphmon_deploy_state_errors",
                                     "--state-dir files that could not be read (ignored: that rank starts without a "
                                     "reference) or written (tried again), by operation.", labels=["op"])
-        errors = self.verdict.state.errors if self.verdict.state is not None else {}
+        state_dir = getattr(self.verdict, "state", None)  # (a verdict without --state-dir: none)
+        errors = state_dir.errors if state_dir is not None else {}
         for op in STATE_ERRORS:
             state.add_metric([op], errors.get(op, 0))
         yield state

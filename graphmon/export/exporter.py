@@ -32,6 +32,7 @@ class Exporter:
             health=self._health, backend_info=lambda: _safe_info(source),
             process={"rank": s.rank, "pid": str(os.getpid()), "host": socket.gethostname()},
             max_devices=s.max_devices, max_label_length=s.max_label_length, stale_after_s=s.stale_after_s,
+            detail_graphs=s.detail_graphs,
         )
         from graphmon.export.server import create_app  # FastAPI import stays off the analysis path
 

@@ -1,17 +1,15 @@
-"""/metrics bodies: content negotiation and graphmon's own text and OpenMetrics renderers.
+"""/metrics formats: content negotiation, headers, and a registry's families rendered apart.
 
-Prometheus asks for OpenMetrics first; prometheus_client's OpenMetrics encoder takes 20-33 ms for
-1,000+ series (holding the GIL of the process that serves). The renderers here write the same
-bytes (tested against prometheus_client) about 10x faster: graphmon's metric and label names are
-valid by construction, so only label values need escaping. :class:`MetricsRenderer` renders each
-format once per set of snapshots, and keeps exactly one body per format (never keyed by what a
-client sends).
+Prometheus asks for OpenMetrics first. :func:`render_families` writes a prometheus_client
+registry's families (the agent's own, the deploy verdict's, process_*) in either format, the
+same bytes as prometheus_client's encoders (tested), 2.0-3.3x faster than they are for the same
+Metric objects (bench/results/exposition-speed.json); graphmon's per-rank series skip the
+registry altogether (graphmon.export.textwriter: 4.7-13x). Bodies: graphmon.export.body.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Sequence
 
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -58,29 +56,39 @@ def negotiate(accept: str) -> str:
     return best
 
 
-def _escape_label_value(v: str) -> str:
+def escape_label_value(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def header(name: str, typ: str, doc: str, fmt: str = TEXT) -> str:
+    """A family's HELP and TYPE lines, as prometheus_client writes them in ``fmt`` (a counter's
+    text-format name carries _total; its OpenMetrics family name does not)."""
+    if fmt == OPENMETRICS:
+        doc = escape_label_value(doc)
+    else:
+        doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
+        if typ == "counter":
+            name += "_total"
+        elif typ == "unknown":
+            typ = "untyped"
+    return f"# HELP {name} {doc}\n# TYPE {name} {typ}\n"
 
 
 Family = tuple  # (name, "# HELP ...\n# TYPE ...\n", sample lines): one metric family, rendered
 
 
 def render_families(registry: CollectorRegistry, fmt: str = TEXT) -> list[Family]:
-    """Each family of ``registry`` rendered apart, in collection order (:func:`join_families`
-    puts families of several registries together)."""
-    om = fmt == OPENMETRICS
-    out: list[Family] = []
+    """Each family of ``registry`` rendered apart, in collection order (graphmon.export.body
+    puts families of several parts together)."""
+    return render_formats(registry, (fmt,))[fmt]
+
+
+def render_formats(registry: CollectorRegistry, formats: Sequence[str]) -> dict[str, list[Family]]:
+    """:func:`render_families` in several formats from one collection (sample lines are the
+    same in both formats; headers differ)."""
+    out: dict[str, list[Family]] = {fmt: [] for fmt in formats}
     esc: dict[str, str] = {}
     for m in registry.collect():
-        name, typ = m.name, m.type
-        if om:
-            doc = _escape_label_value(m.documentation)
-        else:
-            doc = m.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-            if typ == "counter":
-                name += "_total"
-            elif typ == "unknown":
-                typ = "untyped"
         lines: list[str] = []
         for smp in m.samples:
             if smp.labels:
@@ -88,42 +96,15 @@ def render_families(registry: CollectorRegistry, fmt: str = TEXT) -> list[Family
                 for k, v in sorted(smp.labels.items()):
                     e = esc.get(v)
                     if e is None:
-                        e = esc[v] = _escape_label_value(v)
+                        e = esc[v] = escape_label_value(v)
                     parts.append(f'{k}="{e}"')
                 lines.append(f"{smp.name}{{{','.join(parts)}}} {floatToGoString(smp.value)}\n")
             else:
                 lines.append(f"{smp.name} {floatToGoString(smp.value)}\n")
-        out.append((m.name, f"# HELP {name} {doc}\n# TYPE {name} {typ}\n", "".join(lines)))
+        text = "".join(lines)
+        for fmt in formats:
+            out[fmt].append((m.name, header(m.name, m.type, m.documentation, fmt), text))
     return out
-
-
-def join_families(parts: Sequence[Sequence[Family]], fmt: str = TEXT, dedupe: frozenset = frozenset()) -> bytes:
-    """One body from the families of several renders: a family that several parts have is
-    written once (the first part's header), its samples in part order; in families named in
-    ``dedupe`` a sample line that is there already is left out (e.g. one build_info line for
-    many processes of one build)."""
-    order: dict[str, list] = {}
-    for part in parts:
-        for name, header, samples in part:
-            got = order.get(name)
-            if got is None:
-                order[name] = [header, [samples]]
-            else:
-                got[1].append(samples)
-    out: list[str] = []
-    for name, (header, samples) in order.items():
-        out.append(header)
-        if name in dedupe:
-            seen: dict[str, None] = {}
-            for chunk in samples:
-                for line in chunk.splitlines(keepends=True):
-                    seen.setdefault(line, None)
-            out.extend(sorted(seen))
-        else:
-            out.extend(samples)
-    if fmt == OPENMETRICS:
-        out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
 
 
 def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
@@ -136,89 +117,3 @@ def render(registry: CollectorRegistry, fmt: str = TEXT) -> bytes:
 
 def render_text(registry: CollectorRegistry) -> bytes:
     return render(registry, TEXT)
-
-
-class MetricsRenderer:
-    """One cached body per format for the current snapshots.
-
-    ``prerender()`` (called by whoever publishes snapshots, off the request path) renders every
-    format; ``body(fmt)`` answers from the cache when the snapshots are the same objects, answers
-    the previous body while a render is in progress, else renders (one render at a time) and
-    caches. Memory: at most one body per format.
-    """
-
-    def __init__(self, get_snapshots: Callable[[], Sequence], make_registry: Callable[[Callable], CollectorRegistry],
-                 fallback_registry: Optional[CollectorRegistry] = None, on_error: Optional[Callable] = None):
-        self._provider: Optional[BodySource] = None
-        self._get = get_snapshots
-        self._make = make_registry
-        self._fallback = fallback_registry
-        self._on_error = on_error
-        self._cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (snapshots, body)
-        self._lock = threading.Lock()  # one render at a time: bounded transient memory and CPU
-        self.renders = 0
-
-    @staticmethod
-    def _same(a: Sequence, b: Sequence) -> bool:
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-    def serve_from(self, provider: "BodySource") -> None:
-        """Answer /metrics from ``provider`` (its ``cached(fmt)`` and ``body(fmt)``) from now on:
-        the agent renders on a thread of its own, at most once per interval."""
-        self._provider = provider
-
-    def invalidate(self) -> None:
-        """Forget the cached bodies, after any render in progress stored its body (that one is
-        forgotten too): the next body is rendered from what is current now."""
-        with self._lock:
-            self._cache.clear()
-
-    def cached(self, fmt: str) -> Optional[bytes]:
-        """The body if it is current (no rendering): cheap enough for the event loop."""
-        if self._provider is not None:
-            return self._provider.cached(fmt)
-        snaps = tuple(self._get())
-        hit = self._cache.get(fmt)
-        return hit[1] if hit is not None and self._same(hit[0], snaps) else None
-
-    def body(self, fmt: str, stage: str = "scrape") -> bytes:
-        if self._provider is not None:
-            return self._provider.body(fmt)
-        if not self._lock.acquire(blocking=False):
-            # A render is in progress (normally the pre-render of a snapshot published a moment
-            # ago): answer with the body before it rather than queue behind it. It is at most one
-            # snapshot older, and counters in it are never ahead of what the next scrape shows.
-            hit = self._cache.get(fmt)
-            if hit is not None and stage == "scrape":
-                return hit[1]
-            self._lock.acquire()
-        try:
-            snaps = tuple(self._get())
-            hit = self._cache.get(fmt)
-            if hit is not None and self._same(hit[0], snaps):
-                return hit[1]
-            try:
-                data = render(self._make(lambda: snaps), fmt)
-            except Exception as e:  # contained: count, and still answer with the health families
-                if self._on_error is not None:
-                    self._on_error(stage, e)
-                if self._fallback is None:
-                    raise
-                return render(self._fallback, fmt)
-            self.renders += 1
-            self._cache[fmt] = (snaps, data)
-            return data
-        finally:
-            self._lock.release()
-
-    def prerender(self, *_: object) -> None:
-        if self._provider is not None:
-            return
-        for fmt in FORMATS:
-            self.body(fmt, stage="publish")
-
-
-class BodySource(Protocol):
-    def cached(self, fmt: str) -> Optional[bytes]: ...
-
-    def body(self, fmt: str) -> bytes: ...

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping, Optional
 
 from prometheus_client.core import Metric
 
-from graphmon.export.aggregator import cap_label
+from graphmon.export.detail import cap_label
 
 WORKLOAD_LABELS = ("namespace", "pod", "container", "workload", "build")
 SAME_WORKLOAD = ("namespace", "workload", "container")  # who may take a rank's series over

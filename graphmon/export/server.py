@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 
 from graphmon.version import __version__
 from graphmon.export.baseline import Baseline
-from graphmon.export.collector import make_registry
-from graphmon.export.exposition import CONTENT_TYPES, MetricsRenderer, negotiate
+from graphmon.export.body import MetricsRenderer
+from graphmon.export.exposition import CONTENT_TYPES, negotiate, render_families
 from graphmon.export.guard import ErrorCounts, Guard, authorized, base_names
 from graphmon.export.scrape import ScrapeBodies, accepts_gzip
 from graphmon.export.snapshot import Snapshot
@@ -103,12 +103,16 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     app = FastAPI(title="graphmon", version=__version__, docs_url=None, redoc_url=None,
                   description="Live CUDA-graph kernel-gap metrics. Prometheus scrapes /metrics.")
     errors = ErrorCounts()
-    kw = {"cardinality": settings.cardinality, "extra_errors": errors.snapshot, "health_only": health_only,
-          "extra": tuple(extra_collectors)}
-    # Fallback when rendering the full snapshot fails: the health families only, with the errors
-    # counted so far (this scrape's failure included).
-    fallback = make_registry(snapshots, **{**kw, "health_only": True})
-    renderer = MetricsRenderer(snapshots, lambda get: make_registry(get, **kw), fallback, errors.count)
+    extra = None
+    if extra_collectors:
+        from prometheus_client.registry import CollectorRegistry
+
+        reg = CollectorRegistry(auto_describe=False)
+        for c in extra_collectors:
+            reg.register(c)
+        extra = lambda fmt: render_families(reg, fmt)  # noqa: E731
+    renderer = MetricsRenderer(snapshots, level=settings.cardinality, health_only=health_only, extra=extra,
+                               extra_errors=errors.snapshot, on_error=errors.count)
     scrape = ScrapeBodies(errors.count)
     baseline = baseline if baseline is not None else Baseline(trace_lookup)
     if last_window is None:
@@ -138,19 +142,17 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
              responses={200: {"content": {CONTENT_TYPES["text"]: {}, CONTENT_TYPES["openmetrics"]: {}}}})
     async def metrics(request: Request) -> Response:
         fmt = negotiate(request.headers.get("accept", ""))
-        body = renderer.cached(fmt)  # async: a pre-rendered body is answered with no thread hop
+        gz = accepts_gzip(request.headers.get("accept-encoding"))
+        body = renderer.cached(fmt, gz)  # async: a pre-rendered body is answered with no thread hop
         if body is None:
-            body = await run_in_threadpool(renderer.body, fmt)
-        # + this process's process_* families (per scrape); gzip when asked, the snapshot's part
-        # compressed once (graphmon.export.scrape)
+            body = await run_in_threadpool(renderer.body, fmt, gz)
+        # + this process's process_* families (per scrape); gzip when asked: the body comes
+        # compressed from its render (graphmon.export.body), a scrape compresses only its own part
         headers = {"Vary": "Accept-Encoding"}
-        if not accepts_gzip(request.headers.get("accept-encoding")):
+        if not gz:
             return Response(content=scrape.plain(body, fmt), media_type=CONTENT_TYPES[fmt], headers=headers)
-        if scrape.gzip_ready(body, fmt):
-            gz = scrape.gzipped(body, fmt)
-        else:
-            gz = await run_in_threadpool(scrape.gzipped, body, fmt)
-        return Response(content=gz, media_type=CONTENT_TYPES[fmt], headers={**headers, "Content-Encoding": "gzip"})
+        return Response(content=scrape.gzipped(body, fmt), media_type=CONTENT_TYPES[fmt],
+                        headers={**headers, "Content-Encoding": "gzip"})
 
     @app.get("/healthz", summary="Liveness of the exporter itself")
     async def healthz() -> dict:
@@ -221,6 +223,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
                     "batch_size": g.batch_size, "replays_sampled": s.replays_total.get(key, 0),
                     "kernels_per_replay": s.kernels_per_replay.get(key),
                     "last_sampled_timestamp_s": s.graph_last_sampled_s.get(key),
+                    "detail": (d, graph) in s.detail_graphs,  # series of its own at the default level
                 })
         return out
 

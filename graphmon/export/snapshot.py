@@ -76,6 +76,9 @@ class Snapshot:
     label_values_truncated_total: int = 0
     kernel_tracing_s_total: float = 0.0  # kernel tracing on (CUPTI windows), summed
     devices: tuple = ()  # device labels with series (after the device cap)
+    # (device, graph) of the rank's detail graphs: the ones with series of their own at the
+    # default cardinality level (the aggregator picks the most GPU time, with hysteresis)
+    detail_graphs: frozenset = frozenset()
 
     @property
     def up(self) -> bool:

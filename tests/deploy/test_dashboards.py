@@ -16,6 +16,7 @@ from _promutil import (
     expand,
     iter_panels,
     load_dashboards,
+    load_alert_rules,
     load_script,
     panel_targets,
     promtool,
@@ -106,7 +107,8 @@ def test_required_panels_are_there():
     decode, health = exprs["graphmon-decode.json"], exprs["graphmon-health.json"]
     for needed in ('graphmon_kernel_gap_quantile_seconds{quantile="0.5"', 'graphmon_kernel_gap_quantile_seconds{quantile="0.9"',
                    "graphmon_kernel_gap_seconds_bucket", 'kind=~"gpu|busy|idle"',
-                   "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", "graphmon_launch_latency_seconds_bucket"):
+                   "graphmon_replay_idle_seconds_sum", "graphmon_kernels_per_replay", 'kind="launch_latency"',
+                   'kind="inter_replay_gap"'):
         assert needed in decode, needed
     for needed in ("graphmon_up", "graphmon_windows_total", "graphmon_records_dropped_total", "graphmon_records_invalid_total",
                    "graphmon_observer_slowdown_ratio", "graphmon_series_folded_total", "graphmon_collector_errors_total",
@@ -198,3 +200,75 @@ def test_lazy_series_are_drawn_dashed():
     for p in iter_panels(MODELS["graphmon-decode.json"]["panels"]):
         if p["type"] == "timeseries":
             assert GEN.LAZY_DASHED in p["fieldConfig"]["overrides"]
+
+
+MATCHER_RE = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def _default_level_samples():
+    """(name, labels) of every sample an agent exports at the default level: one rank with 64
+    graphs on 4 streams (launch times, the observer slowdown), and a deploy verdict (every graph
+    regressed, as a driver change would) through the agent's own collectors."""
+    import time
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from graphmon.export.agent import Agent
+    from graphmon.export.agent_http import AgentHealthCollector, AgentMetrics
+    from graphmon.export.deploy_metrics import DeployCollector
+    from graphmon.model.window import Window
+    from graphmon.model.wire import encode_window
+    from graphmon.settings import Settings
+    from helpers import AgentClient, deploy_result, many_graphs, wait_until
+
+    agent = Agent(Settings(port=0), tick_s=0.05, heartbeat_lost_s=60).start()
+    try:
+        c = AgentClient(agent.socket_path, rank="0", pid=4242)
+        c.s.sendall(encode_window(Window(trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(),
+                                         observer_slowdown=1.02)))
+        assert wait_until(lambda: agent.snapshots() and agent.snapshots()[0].windows_total == 1, timeout=20)
+        verdict = SimpleNamespace(results={("0", "previous"): deploy_result()}, dropped=0, ranks_forgotten=0,
+                                  computations={})
+        deploy = DeployCollector(verdict, detail=lambda rank: agent.snapshots()[0].detail_graphs, detail_graphs=2)
+        m = AgentMetrics(agent, collectors=[AgentHealthCollector(agent), deploy])
+        m.render(["text"])
+        text = m.body("text").text.decode()
+    finally:
+        agent.stop()
+    return [(s.name, s.labels) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def _selectors(expr: str):
+    for metric, sel in SELECTOR_RE.findall(expr):
+        matchers = [(k, op, v) for k, op, v in MATCHER_RE.findall(sel) if "$" not in v]
+        yield metric, matchers
+
+
+def _matches(labels: dict, matchers) -> bool:
+    for k, op, v in matchers:
+        got = labels.get(k, "")
+        ok = re.fullmatch(v, got) is not None if op in ("=~", "!~") else got == v
+        if ok != (op in ("=", "=~")):
+            return False
+    return True
+
+
+def test_every_panel_and_alert_selector_has_series_at_the_default_level():
+    """--cardinality standard (the default) keeps per-graph series for the detail graphs only:
+    every selector of every panel, variable and alert rule (with its literal label matchers:
+    quantile, kind, upload_mode, state ...) still finds series in what an agent exports then.
+    (tests/system/test_prometheus_e2e.py runs the panels through Prometheus against `serve`.)"""
+    samples = _default_level_samples()
+    exprs = [(f"{name} / {title} / {ref}", expr) for name, model in MODELS.items()
+             for title, ref, expr in panel_targets(model)]
+    exprs += [(f"{name} / variable {v['name']}", v["definition"]) for name, model in MODELS.items()
+              for v in model["templating"]["list"] if v["type"] == "query"]
+    exprs += [(f"alert {r['alert']}", r["expr"]) for r in load_alert_rules()]
+    missing = []
+    for where, expr in exprs:
+        for metric, matchers in _selectors(expr):
+            if not any(n == metric and _matches(lab, matchers) for n, lab in samples):
+                missing.append((where, metric, matchers))
+    assert not missing, missing
+    assert len(exprs) > 60

@@ -72,7 +72,7 @@ def test_only_the_rank_whose_snapshot_changed_is_rendered_again(agent):
     assert m.piece_renders == 9  # rank 5 only
     m.render([TEXT])
     assert m.piece_renders == 9  # nothing changed: nothing rendered, the body joined again
-    assert 'graphmon_records_total{rank="5"} 16.0' in m.body(TEXT).decode()
+    assert 'graphmon_records_total{rank="5"} 16.0' in m.body(TEXT).text.decode()
 
 
 def test_metrics_are_rendered_once_per_interval_off_the_request_path(agent):
@@ -97,21 +97,21 @@ def test_metrics_are_rendered_once_per_interval_off_the_request_path(agent):
 
 
 def test_one_rank_failing_to_render_leaves_the_others_whole(agent, monkeypatch):
-    import graphmon.export.collector as collector_mod
+    import graphmon.export.families as families_mod
 
     clients = _attach(agent, 2)  # noqa: F841 (kept open)
-    real = collector_mod.SnapshotCollector._graphs
+    real = families_mod.graph_series
 
-    def broken(self, snaps):
-        if any(s.rank == "1" for s in snaps):
+    def broken(snap, level):
+        if snap.rank == "1":
             raise KeyError("injected")
-        return real(self, snaps)
+        return real(snap, level)
 
-    monkeypatch.setattr(collector_mod.SnapshotCollector, "_graphs", broken)
+    monkeypatch.setattr(families_mod, "graph_series", broken)
     counted = []
     m = AgentMetrics(agent, on_error=lambda stage, e: counted.append(stage))
     m.render([TEXT])
-    text = m.body(TEXT).decode()
+    text = m.body(TEXT).text.decode()
     assert 'graphmon_kernel_gap_seconds_count{device="0",graph="g1",rank="0"' in text
     assert 'graphmon_up{rank="1"} 1.0' in text and 'graphmon_kernel_gap_seconds_count{device="0",graph="g1",rank="1"' not in text
     assert counted == ["scrape"]
@@ -225,10 +225,10 @@ def test_agent_level_collectors_are_rendered_at_every_render(agent):
 
     m = AgentMetrics(agent, collectors=[AgentHealthCollector(agent), Verdict()])
     m.render([TEXT])
-    assert "graphmon_test_verdict 1.0" in m.body(TEXT).decode() and "graphmon_agent_up 1.0" in m.body(TEXT).decode()
+    assert "graphmon_test_verdict 1.0" in m.body(TEXT).text.decode() and "graphmon_agent_up 1.0" in m.body(TEXT).text.decode()
     value[0] = 2.0  # no rank changed: the next render shows it anyway
     m.render([TEXT])
-    assert "graphmon_test_verdict 2.0" in m.body(TEXT).decode()
+    assert "graphmon_test_verdict 2.0" in m.body(TEXT).text.decode()
 
 
 def test_head_metrics_and_healthz_answer_200_with_headers_and_no_body(agent):

@@ -271,19 +271,29 @@ def test_negative_launch_latencies_are_counted_apart():
     assert s.values_out_of_range_total.get("launch_latency", 0) == 0
 
 
-def test_graph_info_signature_follows_a_changed_graph():
-    """The signature is a label beside the name: a successor's changed graph keeps its name."""
+def test_graph_info_signature_follows_a_changed_graph(monkeypatch):
+    """The signature is a label beside the name: a successor's changed graph keeps its name. It
+    is computed once per graph exec of a process (old code: on every window, a fifth of the
+    agent's ingest thread at 64 ranks), again for the graphs of a new process on the rank."""
     from dataclasses import replace
 
+    import graphmon.export.detail as detail_mod
+
+    calls = []
+    real = detail_mod.graph_signatures
+    monkeypatch.setattr(detail_mod, "graph_signatures", lambda t: calls.append(1) or real(t))
     t = read_trace(NATIVE, progress=False)
-    agg = Aggregator(rank="0")
+    agg = Aggregator(rank="0", process={"pid": "1"})
     agg.ingest(window(t))
+    agg.ingest(window(t, ended_s=1_800_000_005.0))
+    assert len(calls) == 1
     before = {g: s.signature for (_, g), s in agg.snapshot().graphs.items()}
     assert before["decode_bs1/upload"].startswith("k960-s4-o0-")
+    agg.process = {"pid": "2"}  # a successor took the rank over (the agent sets its identity)
     node = t.graph_node_id
     agg.ingest(window(replace(t, graph_node_id=(node >> 32 << 32) | ((node & 0xFFFFFFFF) * 2)), ended_s=1_800_000_010.0))
     after = {g: s.signature for (_, g), s in agg.snapshot().graphs.items()}
-    assert set(after) == set(before)
+    assert set(after) == set(before) and len(calls) == 2
     assert after["decode_bs1/upload"].startswith("k960-s4-o959-")
 
 
@@ -318,7 +328,7 @@ def test_gap_summary_quantiles_count_and_sum_have_one_definition():
     h = s.gap_hist[key]
     assert (h.count, h.sum_ns) == (3, 700)
     assert s.gap_quantiles[key] == tuple(float(x) for x in np.quantile([100, 200, 400], (0.1, 0.5, 0.9, 0.99)))
-    body = render(make_registry(agg.snapshots), OPENMETRICS).decode()
+    body = render(make_registry(agg.snapshots, cardinality="full"), OPENMETRICS).decode()
     fams = {f.name: f for f in text_string_to_metric_families(body)}  # old code: ValueError, negative quantile
     q = [smp for smp in fams["graphmon_kernel_gap_quantile_seconds"].samples if "quantile" in smp.labels]
     assert len(q) == 4 and min(smp.value for smp in q) > 0
@@ -332,6 +342,6 @@ def test_a_series_with_only_overlaps_exports_no_quantile():
     agg.ingest(window(synthetic_trace(gap_ns=-300)))
     (qs,) = agg.snapshot().gap_quantiles.values()
     assert all(q != q for q in qs)  # NaN: no non-negative gap in the window
-    body = render(make_registry(agg.snapshots), TEXT).decode()
+    body = render(make_registry(agg.snapshots, cardinality="full"), TEXT).decode()
     assert 'graphmon_kernel_gap_quantile_seconds{' not in body
     assert "graphmon_kernel_gap_quantile_seconds_count{" in body

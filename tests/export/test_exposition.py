@@ -62,7 +62,8 @@ def test_render_cache_is_keyed_by_format_not_by_what_the_client_sends():
         r = c.get("/metrics", headers={"accept": f"application/openmetrics-text; version=1.0.{i}"})
         assert r.status_code == 200
     assert set(renderer._cache) <= {TEXT, OPENMETRICS}
-    assert renderer.renders == before  # both formats were pre-rendered on publish
+    # both formats were pre-rendered on publish; each again, compressed, at its first gzip request
+    assert renderer.renders == before + 2
 
 
 def test_bad_accept_version_is_answered_200_in_text_and_counts_no_error():
@@ -91,18 +92,18 @@ def test_invalidate_waits_for_a_render_in_progress_so_its_body_is_not_served_aft
     was answered from a body rendered before the injected fault)."""
     import threading
 
-    from graphmon.export.exposition import MetricsRenderer
+    from graphmon.export.body import MetricsRenderer
 
-    snaps = (object(),)
+    agg = Aggregator()
     entered, release = threading.Event(), threading.Event()
 
-    def make(get):
+    def snaps():
         entered.set()
         release.wait(5)
-        return make_registry(lambda: ())
+        return agg.snapshots()
 
-    r = MetricsRenderer(lambda: snaps, make)
-    t = threading.Thread(target=r.body, args=(TEXT, "publish"))
+    r = MetricsRenderer(snaps)
+    t = threading.Thread(target=r.body, args=(TEXT, False, "publish"))
     t.start()
     assert entered.wait(5)
     done = threading.Event()

@@ -227,7 +227,7 @@ def test_queries_reference_only_exported_metrics(stack):
     missing = {m: where for m, where in used.items() if m not in exported and m not in ABSENT_IN_E2E | AGENT_ONLY_METRICS}
     assert not missing, f"queries use metrics graphmon does not export: {missing}"
     # The allowed-absent ones are absent from a replay, but spelled as graphmon's collector spells them.
-    collector_source = (ROOT / "graphmon" / "export" / "collector.py").read_text()
+    collector_source = (ROOT / "graphmon" / "export" / "families.py").read_text()
     assert all(f'"{m}"' in collector_source for m in ABSENT_IN_E2E)
 
 
@@ -290,7 +290,8 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
     prom, metrics_text = stack
     model = MODELS["graphmon-decode.json"]
     names = variable_names(model)
-    chosen = "decode_bs1/upload"
+    # a graph with series of its own at the default level (a detail graph of rank 0)
+    chosen = prom.query('graphmon_graph_info{rank="0", upload_mode="uploaded"}')[0]["metric"]["graph"]
     checked = 0
     for title, ref, expr in panel_targets(model):
         if "label_replace" in expr or "upload_mode=\"lazy\"" in expr:
@@ -298,7 +299,7 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
         if {m for m in referenced_metrics(expr) if m in AGENT_ONLY_METRICS} - _exported(metrics_text):
             continue  # the deploy verdict's panels: tests/system/test_deploy_e2e.py
         narrowed = expand(expr.replace("$graph", chosen), names, RATE_WINDOW)
-        if "graphmon_launch_latency" in expr:
+        if 'kind="launch_latency"' in expr:
             assert prom.query(narrowed) == [], "the bundled trace (where this graph is) has no launch times"
             continue
         result = _query_until_data(prom, narrowed, timeout_s=5)
@@ -307,6 +308,34 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
         assert graphs <= {chosen}, f"{title} / {ref} shows other graphs: {graphs}"
         checked += 1
     assert checked >= 10
+
+
+def test_prometheus_reads_the_gzip_body_whole(stack):
+    """Prometheus scrapes with Accept-Encoding: gzip; graphmon answers one gzip member made of
+    deflate chunks compressed at render time, family by family (graphmon.export.body). Every
+    sample of the body reaches Prometheus: scrape_samples_scraped is the body's sample count."""
+    import gzip
+    import zlib
+
+    prom, _ = stack
+    targets = {t["labels"]["instance"] for t in prom.get("/api/v1/targets")["activeTargets"]}
+    for instance in sorted(targets):
+        headers = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                   "Accept-Encoding": "gzip"}  # what Prometheus sends
+        with httpx.Client(timeout=5) as c, c.stream("GET", f"http://{instance}/metrics", headers=headers) as resp:
+            assert resp.headers["content-encoding"] == "gzip"
+            wire = b"".join(resp.iter_raw())
+        text = gzip.decompress(wire).decode()
+        one = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert one.decompress(wire).decode() == text and one.eof and not one.unused_data and text.endswith("# EOF\n")
+        samples = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
+        got = []
+        for _ in range(10):
+            got = prom.query(f'scrape_samples_scraped{{instance="{instance}"}}')
+            if got and float(got[0]["value"][1]) == samples:
+                break
+            time.sleep(1)
+        assert got and float(got[0]["value"][1]) == samples, (instance, samples, got)
 
 
 def test_two_instances_never_merge(stack):

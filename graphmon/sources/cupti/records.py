@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from graphmon.sources.cupti import native as _native
+from graphmon.sources.cupti.pages import _fresh, _in_pages
 
 KIND_KERNEL = 3
 KIND_CONCURRENT_KERNEL = 10
@@ -215,7 +216,7 @@ class RecordStore:
             return _NO_ROWS
         if not self._chunks or self._fill == len(self._chunks[-1]):
             self._chunks.append(self._spare.pop() if self._spare else
-                                np.empty((self.chunk_records, WORDS_PER_RECORD), np.uint64))
+                                _in_pages((self.chunk_records, WORDS_PER_RECORD), np.uint64))
             self._fill = 0
         last = self._chunks[-1]
         return last[self._fill:self._fill + min(n, len(last) - self._fill)]
@@ -273,8 +274,8 @@ class RecordStore:
         the columns are its arrays (valid until the arena's next use), else fresh ones."""
         n = self.n_records
         got = arena.get(n) if arena is not None else None
-        cols, name_id = got if got is not None else (KernelColumns(*(np.empty(n, t) for t in _DTYPES)),
-                                                     np.empty(n, np.int32))
+        cols, name_id = got if got is not None else (KernelColumns(*(_fresh(n, t) for t in _DTYPES)),
+                                                     _fresh(n, np.int32))
         if names is None:
             name_id = None
         nat = self.native
@@ -313,12 +314,12 @@ class RecordStore:
         return out
 
     def clear(self, pause: Optional[Callable[[], None]] = None) -> None:
-        """Empty for the next window. Chunks beyond KEEP_CHUNKS (a capture's) are freed a few
-        at a time, ``pause`` between: freeing 150 MB at once held the GIL ~25 ms (munmap)."""
+        """Empty for the next window. Chunks beyond KEEP_CHUNKS (a capture's) are freed 4 at a
+        time, ``pause`` between: freeing 150 MB at once held the GIL ~25 ms (munmap)."""
         self._spare.extend(self._chunks)
         self._chunks, self._fill, self.n_records, self.discarded = [], 0, 0, 0
         while len(self._spare) > KEEP_CHUNKS:
-            del self._spare[max(KEEP_CHUNKS, len(self._spare) - 8):]
+            del self._spare[max(KEEP_CHUNKS, len(self._spare) - 4):]
             if pause is not None and len(self._spare) > KEEP_CHUNKS:
                 pause()
 

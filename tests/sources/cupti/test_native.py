@@ -144,3 +144,28 @@ def test_mismatched_arrays_are_refused_before_the_c_pass():
     cols = KernelColumns.empty()
     with pytest.raises(ValueError):
         LIB.columns(chunk, _AT64, _AT32, tuple(getattr(cols, k) for k in COLUMNS), None, None)
+
+
+def test_big_windows_get_columns_in_small_pages_and_both_paths_agree(monkeypatch):
+    """A window's columns from HUGE_PAGE_BYTES on are mmap'd small pages (no huge-page faults in
+    the C pass's pieces; bench/collector/decode_buffers.py): writable arrays, the same values both ways."""
+    import graphmon.sources.cupti.pages as pages_mod
+
+    monkeypatch.setattr(pages_mod, "HUGE_PAGE_BYTES", 256)  # every column of 40+ records
+    rng = np.random.default_rng(7)
+    ptrs = rng.choice(1 << 40, 50, replace=False).astype(np.uint64) * np.uint64(16)
+    text = {int(p): f"k{i}" for i, p in enumerate(ptrs)}
+    windows = [[records(500, KERNEL13_BYTES, rng, ptrs) for _ in range(3)] for _ in range(2)]
+    got, _ = run_windows(LIB, windows, KERNEL13_BYTES, 64, 10_000, text)
+    want, _ = run_windows(None, windows, KERNEL13_BYTES, 64, 10_000, text)
+    for g, w in zip(got, want):
+        for k in COLUMNS:
+            assert np.array_equal(g[2][k], w[2][k]), k
+        assert [g[4][i] for i in g[3]] == [w[4][i] for i in w[3]]
+    col = pages_mod._fresh(1000, np.int64)
+    base = col
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert col.flags.writeable and col.flags.c_contiguous and isinstance(base.obj, __import__("mmap").mmap)
+    col[:] = 5
+    assert int(col.sum()) == 5000
