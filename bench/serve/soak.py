@@ -58,9 +58,10 @@ def run_soak(minutes: float = 10.0, window_interval_s: float = 0.25, sample_s: f
     """Run the soak; returns the result document (no assertions here)."""
     port = free_port()
     token = "soak-token"
+    # every graph it keeps (and "other") with series of its own: the soak exercises the caps
     env = dict(os.environ, GRAPHMON_TOKEN=token, GRAPHMON_TRACE_STORE_COUNT=str(trace_store_count),
                GRAPHMON_TRACE_STORE_BYTES=str(trace_store_mib * MiB), GRAPHMON_MAX_GRAPHS=str(max_graphs),
-               PYTHONUNBUFFERED="1")
+               GRAPHMON_DETAIL_GRAPHS=str(max_graphs + 1), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "graphmon.cli", "serve", "--replay", str(trace), "--port", str(port),
            "--window-interval-s", str(window_interval_s)]
     duration_s = minutes * 60.0

@@ -20,7 +20,7 @@ import threading
 import zlib
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
-from graphmon.export.exposition import OPENMETRICS, Family, header
+from graphmon.export.exposition import FORMATS, OPENMETRICS, Family, header
 from graphmon.export.families import DEFAULT_LEVEL, HEALTH, families
 from graphmon.export.snapshot import Snapshot
 from graphmon.export.textwriter import rank_chunks
@@ -197,7 +197,7 @@ class MetricsRenderer:
         self._get = get_snapshots
         self._extra, self._extra_errors = extra, extra_errors
         self.pieces = RankPieces(level, health_only, on_error)
-        self._skeleton = {}
+        self._skeleton: dict[str, list[Family]] = {}
         self.blocks = Blocks()
         self._cache: dict[str, tuple[tuple, Body]] = {}  # format -> (snapshots, body)
         self._gzip: set[str] = set()  # formats a client asked for gzipped: pre-rendered compressed too
@@ -266,5 +266,5 @@ class MetricsRenderer:
     def prerender(self, *_: object) -> None:
         if self._provider is not None:
             return
-        for fmt in (OPENMETRICS, "text"):
+        for fmt in FORMATS:
             self.body(fmt, stage="publish")

@@ -31,8 +31,8 @@ from functools import lru_cache
 from typing import Mapping, Optional
 
 from graphmon.export.buckets import (
-    GAP_BUCKETS_NS, GAP_BUCKETS_STANDARD_NS, GAP_QUANTILES, IDLE_BUCKETS_NS, IDLE_BUCKETS_STANDARD_NS, REPLAY_BUCKETS_NS,
-    REPLAY_BUCKETS_STANDARD_NS, REPLAY_KINDS, REPLAY_QUANTILES,
+    GAP_BUCKETS_NS, GAP_BUCKETS_STANDARD_NS, GAP_QUANTILES, IDLE_BUCKETS_STANDARD_NS, REPLAY_BUCKETS_STANDARD_NS,
+    REPLAY_KINDS, REPLAY_QUANTILES,
 )
 from graphmon.export.guard import base_names
 from graphmon.export.identity import workload_labels

@@ -65,7 +65,7 @@ def test_metrics_status_graphs_healthz(real_trace):
         graphs = c.get("/graphs").json()
         assert {g["upload_mode"] for g in graphs} >= {"uploaded", "lazy"}
         # every graph in /graphs; at the default level two have series of their own
-        assert sum(g["detail"] for g in graphs) == 2 < len(graphs)
+        assert sum(g["detail"] for g in graphs) == min(2, len(graphs))
         assert c.get("/healthz").json()["status"] == "ok"
         assert c.get("/openapi.json").status_code == 200
     finally:
