@@ -379,3 +379,41 @@ def deploy_result(n_graphs=64, n_streams=4):
     verdict = SimpleNamespace(graphs=graphs, regressions=lambda: graphs)
     return SimpleNamespace(rank="0", reference="previous", state="ready", verdict=verdict,
                            reference_newest_s=time.time(), current_incarnation="i1")
+
+
+def windows_of(trace, per_window=4):
+    """The trace cut into windows of ``per_window`` consecutive replays (a default window: 4)."""
+    corr = np.unique(trace.correlation_id[trace.graph >= 0])
+    return [trace.select(np.isin(trace.correlation_id, corr[i:i + per_window]))
+            for i in range(0, len(corr) - per_window + 1, per_window)]
+
+
+class VerdictProc:
+    """What the agent hands the deploy verdict's window hook: an Attached (graphmon.export.ranks)
+    whose rank's series (one aggregator, window ids ``r1-w<k>``) it shares with the process it took
+    the rank over from (``after``), the window ingested. ``identity``: more of its hello (host,
+    process_start_s)."""
+
+    def __init__(self, rank="0", pid=100, incarnation=None, after=None, **identity):
+        from types import SimpleNamespace
+
+        from graphmon.export.aggregator import Aggregator
+
+        self.rank = rank
+        start = identity.get("process_start_s")
+        self.incarnation = incarnation or (f"i{pid}-{start}" if start else f"i{pid}")
+        self.series = after.series if after is not None else SimpleNamespace(
+            rank=rank, tag="r1", aggregator=Aggregator(rank=rank))
+        self.proc = SimpleNamespace(identity={"pid": str(pid), "rank": rank, **identity})
+        self.t = after.t if after is not None else 1_800_000_000.0
+
+    @property
+    def aggregator(self):
+        return self.series.aggregator
+
+    def send(self, verdict, trace):
+        self.t += 10
+        w = window(trace, ended_s=self.t)
+        self.aggregator.ingest(w)
+        verdict.on_window(self, w)
+        return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"

@@ -7,18 +7,16 @@ import re
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
-from graphmon.export.aggregator import Aggregator
 from graphmon.export.baseline import PooledBaseline
 from graphmon.export.deploy import DeployVerdict
 from graphmon.export.deploy_pool import Pool, pooled, window_replays
 from graphmon.export.deploy_metrics import DeployCollector, status
 from graphmon.export.exposition import render
 from graphmon.formats.read import read_trace
-from helpers import NATIVE, held_out_concentrated, only, wait_until, widen, widen_at, window
+from helpers import NATIVE, VerdictProc as Proc, held_out_concentrated, only, wait_until, widen, widen_at, window, windows_of
 
 GRAPH = "decode_bs1/upload"
 
@@ -26,38 +24,6 @@ GRAPH = "decode_bs1/upload"
 @pytest.fixture(scope="module")
 def native():
     return read_trace(NATIVE, progress=False)
-
-
-def windows_of(trace, per_window=4):
-    """The trace cut into windows of ``per_window`` consecutive replays (a default window: 4)."""
-    corr = np.unique(trace.correlation_id[trace.graph >= 0])
-    return [trace.select(np.isin(trace.correlation_id, corr[i:i + per_window]))
-            for i in range(0, len(corr) - per_window + 1, per_window)]
-
-
-class Proc:
-    """What the agent hands a window hook: an Attached (graphmon.export.ranks) whose rank's series
-    (one aggregator, window ids ``r1-w<k>``) it shares with the process it took the rank over from
-    (``after``), the window ingested."""
-
-    def __init__(self, rank="0", pid=100, incarnation=None, after=None):
-        self.rank = rank
-        self.incarnation = incarnation or f"i{pid}"
-        self.series = after.series if after is not None else SimpleNamespace(
-            rank=rank, tag="r1", aggregator=Aggregator(rank=rank))
-        self.proc = SimpleNamespace(identity={"pid": str(pid), "rank": rank})
-        self.t = after.t if after is not None else 1_800_000_000.0
-
-    @property
-    def aggregator(self):
-        return self.series.aggregator
-
-    def send(self, verdict, trace):
-        self.t += 10
-        w = window(trace, ended_s=self.t)
-        self.aggregator.ingest(w)
-        verdict.on_window(self, w)
-        return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"
 
 
 def metrics(verdict, live=None):

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from graphmon.export.aggregator import Aggregator
 from graphmon.export.deploy import DeployVerdict, process_key
 from graphmon.export.deploy_pool import Pool, pooled
 from graphmon.export.deploy_state import StateDir
 from graphmon.formats.read import read_trace
-from helpers import NATIVE, only, wait_until, widen, window
+from helpers import NATIVE, VerdictProc, only, wait_until, widen, windows_of
 from tracefiles import assert_same_trace
 
 GRAPH = "decode_bs1/upload"
@@ -26,31 +23,9 @@ def graph_trace():
     return only(read_trace(NATIVE, progress=False), GRAPH)
 
 
-def windows_of(trace, per_window=4):
-    corr = np.unique(trace.correlation_id[trace.graph >= 0])
-    return [trace.select(np.isin(trace.correlation_id, corr[i:i + per_window]))
-            for i in range(0, len(corr) - per_window + 1, per_window)]
-
-
-class Proc:
-    """A process as the agent hands it to the verdict's window hook (see tests/export/test_deploy.py)."""
-
-    def __init__(self, pid, start="1.0", host="node-a", rank="0", incarnation=None):
-        self.rank = rank
-        self.incarnation = incarnation or f"i{pid}-{start}"
-        self.series = SimpleNamespace(rank=rank, tag="r1", aggregator=Aggregator(rank=rank))
-        self.proc = SimpleNamespace(identity={"pid": str(pid), "rank": rank, "host": host, "process_start_s": start})
-        self.t = 1_800_000_000.0
-
-    @property
-    def aggregator(self):
-        return self.series.aggregator
-
-    def send(self, verdict, trace):
-        self.t += 10
-        w = window(trace, ended_s=self.t)
-        self.aggregator.ingest(w)
-        verdict.on_window(self, w)
+def Proc(pid, start="1.0", host="node-a", rank="0", incarnation=None):
+    """A process with the pid, host and start time the verdict tells processes apart by."""
+    return VerdictProc(rank=rank, pid=pid, incarnation=incarnation, host=host, process_start_s=start)
 
 
 def _ready(v, windows):

@@ -48,10 +48,15 @@ def _compressed_rules(tmp_path):
 
 
 def _prometheus(tmp_path, target: str) -> tuple[subprocess.Popen, Prom]:
+    return start_prometheus(tmp_path, _compressed_rules(tmp_path),
+                            [{"job_name": "graphmon", "static_configs": [{"targets": [target]}]}])
+
+
+def start_prometheus(tmp_path, rules, scrape_configs: list) -> tuple[subprocess.Popen, Prom]:
+    """A real Prometheus on loopback scraping and evaluating every second (tests/system/test_fleet_e2e.py too)."""
     port = _free_port()
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(_compressed_rules(tmp_path))],
-              "scrape_configs": [{"job_name": "graphmon", "static_configs": [{"targets": [target]}]}]}
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+              "scrape_configs": scrape_configs}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     log = tmp_path / "prometheus.log"
     proc = subprocess.Popen([require_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",

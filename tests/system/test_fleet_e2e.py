@@ -27,7 +27,8 @@ import yaml
 from _promutil import ALERTS, K8S, ROOT, load_script, require_binary
 
 _prom = load_script(ROOT / "tests" / "system" / "test_prometheus_e2e.py", "_fleet_e2e_prom")
-Prom, _free_port, _stop, _wait_http = _prom.Prom, _prom._free_port, _prom._stop, _prom._wait_http
+_deploy_e2e = load_script(ROOT / "tests" / "system" / "test_deploy_e2e.py", "_fleet_e2e_deploy")
+Prom, _free_port, _stop = _prom.Prom, _prom._free_port, _prom._stop
 TESTS = ROOT / "tests"
 WORKLOADS = {  # workload: (build a's env, build b's env)
     "uniform": ({}, {"FAKE_EXTRA_GAP_NS": "1500"}),
@@ -105,20 +106,11 @@ class Fleet:
 
 
 def _prometheus(tmp_path, ports) -> tuple[subprocess.Popen, Prom]:
-    port = _free_port()
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(_rules(tmp_path))],
-              # one target per node's agent, with the engine's labels kept (the PodMonitor's honorLabels)
-              "scrape_configs": [{"job_name": "graphmon", "honor_labels": True, "static_configs": [
-                  {"targets": [f"127.0.0.1:{p}"], "labels": {"node": f"n{i}", "pod": f"graphmon-agent-{i}"}}
-                  for i, p in enumerate(ports)]}]}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = tmp_path / "prometheus.log"
-    proc = subprocess.Popen([require_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--log.level=warn"], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path)
-    _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log, time.monotonic() + 40)
-    return proc, Prom(f"http://127.0.0.1:{port}")
+    # one target per node's agent, with the engine's labels kept (the PodMonitor's honorLabels)
+    targets = [{"targets": [f"127.0.0.1:{p}"], "labels": {"node": f"n{i}", "pod": f"graphmon-agent-{i}"}}
+               for i, p in enumerate(ports)]
+    return _deploy_e2e.start_prometheus(tmp_path, _rules(tmp_path), [
+        {"job_name": "graphmon", "honor_labels": True, "static_configs": targets}])
 
 
 def _argo_query(canary: str, stable: str) -> str:
@@ -162,10 +154,20 @@ def test_a_rolling_update_pages_only_for_the_builds_that_made_decode_slower(tmp_
                 fleet.start_pod(wl, "b", node, b)
             _wait(lambda: len(prom.query('fleet:graphmon_replays:rate5m{build=~".*b7f9"} > 0.1')) == 4, 60,
                   "build b's replays")
-            if node == 0:  # both builds serve: what a canary analysis of each workload sees
-                canary = {wl: float(prom.query(_argo_query(_hash(wl, "b"), _hash(wl, "a")))[0]["value"][1])
-                          for wl in WORKLOADS}
-                assert canary == {"uniform": 1.0, "concentrated": 1.0, "identical": 0.0, "rollback": 0.0}, canary
+            if node == 0:  # both builds serve: what a canary analysis of each workload sees (once the
+                # canary has 0.1 replays/s over the template's 5 minutes: a few seconds of its windows)
+                want = {"uniform": 1.0, "concentrated": 1.0, "identical": 0.0, "rollback": 0.0}
+                canary: dict = {}
+
+                def analysed():
+                    canary.update({wl: float(prom.query(_argo_query(_hash(wl, "b"), _hash(wl, "a")))[0]["value"][1])
+                                   for wl in WORKLOADS})
+                    return canary == want
+
+                end = time.monotonic() + 30
+                while not analysed() and time.monotonic() < end:
+                    time.sleep(1)
+                assert canary == want, canary
             for wl in WORKLOADS:
                 fleet.stop_pod(wl, "a", node)
         widened = {("uniform", _hash("uniform", "b")), ("concentrated", _hash("concentrated", "b"))}
