@@ -65,12 +65,18 @@ def hta_per_stream(path, ns_rounding=True):
     old = os.environ.get("HTA_DISABLE_NS_ROUNDING")
     os.environ["HTA_DISABLE_NS_ROUNDING"] = "0" if ns_rounding else "1"
 
+    # HTA logs each step at WARNING: quiet while it runs, and only then (logging.disable is process-
+    # wide: left on, it silenced every later WARNING in the process, graphmon's in the tests too)
+    before = logging.root.manager.disable
     logging.disable(logging.WARNING)
-    with tempfile.TemporaryDirectory() as td, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        shutil.copy(path, os.path.join(td, os.path.basename(path)))
-        ta = TraceAnalysis(trace_dir=td)
-        idle, stats = ta.get_idle_time_breakdown(ranks=[0], visualize=False, show_idle_interval_stats=True)
+    try:
+        with tempfile.TemporaryDirectory() as td, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            shutil.copy(path, os.path.join(td, os.path.basename(path)))
+            ta = TraceAnalysis(trace_dir=td)
+            idle, stats = ta.get_idle_time_breakdown(ranks=[0], visualize=False, show_idle_interval_stats=True)
+    finally:
+        logging.disable(before)
     if old is None:
         del os.environ["HTA_DISABLE_NS_ROUNDING"]
     else:

@@ -50,3 +50,11 @@ def test_host_wait_only_at_replay_boundaries(result):
         # everything inside replays is kernel_wait/other in HTA's terms
         inside = sum(v for k, v in r["hta_exact"]["count_by_category"].items() if k != "host_wait")
         assert inside >= r["graphmon_within_replay_gaps"]
+
+
+def test_the_crosscheck_leaves_logging_as_it_found_it(result):
+    """HTA is quietened while it runs only: a process-wide logging.disable left on silenced every later
+    WARNING in the test process (`graphmon run`'s missing-cupti warning among them)."""
+    import logging
+
+    assert logging.root.manager.disable == logging.NOTSET
