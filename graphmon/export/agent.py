@@ -33,7 +33,7 @@ from collections import deque
 from typing import Callable, Optional, Sequence
 
 from graphmon.export.aggregator import Aggregator
-from graphmon.export.identity import workload_labels, workload_of
+from graphmon.export.identity import takeover_key, workload_labels
 from graphmon.export.ranks import Attached, RankSeries
 from graphmon.export.snapshot import Snapshot
 from graphmon.export.tracestore import SharedTraceStore
@@ -137,7 +137,7 @@ class Agent:
             if s is None:
                 return True
             h = s.holder
-            return (h is None or h.gone_s is not None) and (h is None or workload_of(h.proc.identity) == workload)
+            return h is None or (h.gone_s is not None and takeover_key(h.proc.identity) == workload)
 
         r, n = want, 1
         while not free(r):
@@ -163,7 +163,7 @@ class Agent:
     def _on_connect(self, proc: RemoteProcess) -> None:
         with self._lock:
             key = f"i{next(self._seq)}"
-            rank = self._free_rank(proc.identity.get("rank") or "unknown", workload_of(proc.identity))
+            rank = self._free_rank(proc.identity.get("rank") or "unknown", takeover_key(proc.identity))
             series = self.ranks.get(rank)
             if series is None:
                 series = self.ranks[rank] = self._new_series(rank)

@@ -303,9 +303,8 @@ class DeployVerdict:
                 self._pool(*item)
 
     def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float,
-              process: str = "") -> None:
+              process: str) -> None:
         p = pooled(wid, trace, ended_s)
-        process = process or (f"{pid}@" if pid else "")
         with self._lock:
             st = self._ranks.get(rank)
             if st is not None:

@@ -154,8 +154,7 @@ class DeployCollector:
         state = CounterMetricFamily("graphmon_deploy_state_errors",
                                     "--state-dir files that could not be read (ignored: that rank starts without a "
                                     "reference) or written (tried again), by operation.", labels=["op"])
-        state_dir = getattr(self.verdict, "state", None)  # (a verdict without --state-dir: none)
-        errors = state_dir.errors if state_dir is not None else {}
+        errors = self.verdict.state.errors if self.verdict.state is not None else {}
         for op in STATE_ERRORS:
             state.add_metric([op], errors.get(op, 0))
         yield state

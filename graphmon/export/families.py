@@ -15,8 +15,8 @@ One :class:`Fam` per family; :func:`rank_series` gives, per family, the series o
 ``(label values, value)`` for gauges and counters, ``(label values, le strings, cumulative
 counts, sum)`` for histograms, ``(label values, [(quantile, value)], count, sum)`` for
 summaries (count and sum None when left out). Label values follow ``Fam.labels``, after the
-rank's constant labels (today ``rank``; :func:`rank_labels`), so a later constant label is one
-change there. graphmon.export.textwriter writes them as exposition text, collector.py as
+rank's constant labels (``rank`` and the engine's workload labels: :func:`rank_labels`), so a
+constant label is one change there. graphmon.export.textwriter writes them as exposition text, collector.py as
 prometheus_client families (tested to be the same bytes).
 """
 

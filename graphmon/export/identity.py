@@ -33,7 +33,8 @@ def workload_labels(process: Mapping[str, str], max_len: Optional[int] = None) -
             for k in WORKLOAD_LABELS if process.get(k)}
 
 
-def workload_of(process: Mapping[str, str]) -> tuple[str, ...]:
+def takeover_key(process: Mapping[str, str]) -> tuple[str, ...]:
+    """Processes with the same key may take each other's rank series over."""
     return tuple(str(process.get(k, "")) for k in SAME_WORKLOAD)
 
 

@@ -102,7 +102,7 @@ def test_deploy_series_are_bounded_like_the_gap_series(detail, want):
     """64 regressed graphs (a driver change widens them all): at standard the per-graph deploy
     series go to detail_graphs graphs (regressed first), the rest counted in left_out."""
     coll = DeployCollector(SimpleNamespace(results={("0", "previous"): deploy_result()}, dropped=0,
-                                           ranks_forgotten=0, computations={}), detail=detail, detail_graphs=2)
+                                           ranks_forgotten=0, computations={}, state=None), detail=detail, detail_graphs=2)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(coll)
     fams = {f.name: f for f in parse_text(render(reg).decode())}
