@@ -236,12 +236,19 @@ class AgentMetrics:
             self.last_render_cpu_s = time.thread_time() - c0
 
     def _agent_parts(self, formats) -> dict:
-        try:
-            return render_formats(_registry(*self.collectors), formats)
-        except Exception as e:
-            if self._on_error is not None:
-                self._on_error("scrape", e)
-            return {fmt: [] for fmt in formats}
+        # One registry per collector: a collector that raises loses its own families for this
+        # render (counted as a scrape error), not the agent's health and the deploy verdict with it.
+        out: dict = {fmt: [] for fmt in formats}
+        for c in self.collectors:
+            try:
+                parts = render_formats(_registry(c), formats)
+            except Exception as e:
+                if self._on_error is not None:
+                    self._on_error("scrape", e)
+                continue
+            for fmt in formats:
+                out[fmt].extend(parts[fmt])
+        return out
 
 
 def status(agent: Agent) -> dict:

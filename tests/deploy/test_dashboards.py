@@ -229,7 +229,7 @@ def _default_level_samples():
                                          observer_slowdown=1.02)))
         assert wait_until(lambda: agent.snapshots() and agent.snapshots()[0].windows_total == 1, timeout=20)
         verdict = SimpleNamespace(results={("0", "previous"): deploy_result()}, dropped=0, ranks_forgotten=0,
-                                  computations={})
+                                  computations={}, state=None)
         deploy = DeployCollector(verdict, detail=lambda rank: agent.snapshots()[0].detail_graphs, detail_graphs=2)
         m = AgentMetrics(agent, collectors=[AgentHealthCollector(agent), deploy])
         m.render(["text"])

@@ -118,6 +118,25 @@ def test_one_rank_failing_to_render_leaves_the_others_whole(agent, monkeypatch):
     parse_text(text)
 
 
+def test_one_collector_failing_leaves_the_other_agent_collectors_whole(agent):
+    from graphmon.export.agent_http import AgentHealthCollector
+
+    class Broken:
+        def collect(self):
+            raise AttributeError("injected")
+
+    clients = _attach(agent, 1)  # noqa: F841 (kept open)
+    counted = []
+    m = AgentMetrics(agent, collectors=[Broken(), AgentHealthCollector(agent)],
+                     on_error=lambda stage, e: counted.append(stage))
+    m.render([TEXT])
+    text = m.body(TEXT).text.decode()
+    assert "graphmon_agent_connections_rejected_total" in text
+    assert 'graphmon_kernel_gap_seconds_count{device="0",graph="g1",rank="0"' in text
+    assert counted == ["scrape"]
+    parse_text(text)
+
+
 def test_one_process_failing_its_status_entry_leaves_status_whole(agent, monkeypatch):
     from graphmon.export.agent_http import status
 
