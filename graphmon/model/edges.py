@@ -268,4 +268,5 @@ def assemble(r: WindowRecords, graph_kernels: Optional[GraphKernels] = None) -> 
         invalid[reason] = invalid.get(reason, 0) + int(n)
     trace = Trace.build(**cols, names=r.names, launches=r.launches, graphs=r.graphs, invalid=invalid, meta=r.meta)
     return Window(trace=trace, started_s=r.started_s, ended_s=r.ended_s, dropped=r.dropped,
-                  observer_slowdown=r.observer_slowdown, capture_id=r.capture_id, traced_s=r.traced_s)
+                  observer_slowdown=r.observer_slowdown, capture_id=r.capture_id, traced_s=r.traced_s,
+                  untraced=r.untraced)

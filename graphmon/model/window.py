@@ -13,6 +13,19 @@ import numpy as np
 
 from graphmon.model.trace import GraphInfo, Trace
 
+# Graph replays timed untraced: CUDA events recorded by the launch callbacks around a graph
+# launch (enter: start on the launch stream; exit: end), kernel tracing off. One row per timed
+# replay. ``graph`` indexes the window's graphs (Window.trace.graphs, WindowRecords.graphs), -1
+# when the exec's graph is unknown; ``duration_ns`` is the events' elapsed time (> 0). What it
+# keeps of the observer: the events themselves and the launch latency from the enter callback's
+# record to the graph's first kernel; it carries no kernel tracing's cost.
+UNTRACED_COLUMNS = {"graph": np.int32, "duration_ns": np.int64}
+
+
+def no_untraced() -> dict[str, np.ndarray]:
+    """Empty untraced columns (a window that timed no replay untraced)."""
+    return {k: np.zeros(0, t) for k, t in UNTRACED_COLUMNS.items()}
+
 
 @dataclass(frozen=True)
 class CaptureRequest:
@@ -34,6 +47,7 @@ class Window:
     observer_slowdown: Optional[float] = None  # in-window / out-of-window replay time, if measured
     capture_id: Optional[str] = None  # set when the window answers a CaptureRequest
     traced_s: float = 0.0  # how long kernel tracing was on for it (the GPU ran observed); 0: not traced
+    untraced: Mapping[str, np.ndarray] = field(default_factory=no_untraced)  # UNTRACED_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class WindowRecords:
     invalid: Mapping[str, int] = field(default_factory=dict)  # excluded before shipping (counted)
     traced_s: float = 0.0  # how long kernel tracing was on for it
     meta: Mapping[str, object] = field(default_factory=dict)
+    untraced: Mapping[str, np.ndarray] = field(default_factory=no_untraced)  # UNTRACED_COLUMNS
 
     def __len__(self) -> int:
         return len(self.kernels["start_ns"])
