@@ -63,14 +63,17 @@ def _counted_order_stats(v: np.ndarray, ranks: np.ndarray) -> np.ndarray | None:
     if v.dtype.kind not in "iu":
         return None
     vmin, vmax = int(v.min()), int(v.max())
-    span = vmax - vmin + 1
-    if span > COUNT_RANGE_PER_VALUE * len(v) + COUNT_RANGE_MIN:
+    budget = COUNT_RANGE_PER_VALUE * len(v) + COUNT_RANGE_MIN
+    if vmax - vmin + 1 > budget:
         return None
-    shifted = v - v.dtype.type(vmin) if vmin else v  # in [0, span): no wrap, span is small
-    cum = np.cumsum(np.bincount(shifted.astype(np.intp, copy=False), minlength=span))  # uint64 too
+    # Bins from 0 where the values are small and not negative (gaps often are): no shifted copy
+    # of the group, one pass fewer; else from vmin, in [0, span): no wrap, span is small.
+    base = 0 if 0 <= vmin and vmax < budget else vmin
+    shifted = v - v.dtype.type(base) if base else v
+    cum = np.cumsum(np.bincount(shifted.astype(np.intp, copy=False), minlength=vmax - base + 1))  # uint64 too
     # the k-th smallest (from 0) is the first value whose cumulative count exceeds k
     return (np.searchsorted(cum, ranks, side="right").astype(object if v.dtype == np.uint64 else np.int64)
-            + vmin).astype(v.dtype)
+            + base).astype(v.dtype)
 
 
 def grouped_minmax(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

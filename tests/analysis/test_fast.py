@@ -141,7 +141,8 @@ def traces(draw):
     for _ in range(n_rep):
         dev = draw(st.sampled_from(devices))
         gid = draw(st.integers(1, 3))
-        streams = draw(st.lists(st.sampled_from([3, 7, 8, 300]), min_size=1, max_size=3, unique=True))
+        # small ids are their own group slots in the fast path; 1 << 16 makes it rank them densely
+        streams = draw(st.lists(st.sampled_from([3, 7, 8, 300, 1 << 16]), min_size=1, max_size=3, unique=True))
         per_stream = []
         for s in streams:
             k = draw(st.integers(1, 5))
