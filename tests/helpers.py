@@ -76,6 +76,17 @@ def half(trace: Trace, which: int) -> Trace:
     return trace.select(np.isin(trace.correlation_id, np.concatenate(keep_corr)) & (trace.graph >= 0))
 
 
+def untraced_rows(trace: Trace, factor: float = 1.0, which=None) -> dict:
+    """Untraced replay durations (model.window.UNTRACED_COLUMNS) made from ``trace``'s real replay
+    spans, each x ``factor``: one row per replay (``which``: of the first (0) or second (1) half of
+    each graph's replays only), in time order; ``graph`` indexes ``trace.graphs``."""
+    from graphmon.analysis.replays import analyze
+
+    r = analyze(trace if which is None else half(trace, which)).replays
+    o = np.argsort(r.first_start_ns, kind="stable")
+    return {"graph": r.graph[o].astype(np.int32), "duration_ns": np.round(r.span_ns[o] * factor).astype(np.int64)}
+
+
 def widen_at(trace: Trace, graph_index: int, stream: int, positions, add_ns: int = 5_000) -> Trace:
     """Widen chosen boundaries of one graph by ``add_ns`` in every replay.
 
