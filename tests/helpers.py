@@ -386,7 +386,7 @@ def deploy_result(n_graphs=64, n_streams=4):
 
     streams = [SimpleNamespace(stream_current=7 + s, flagged=True, shift_ns=300.0) for s in range(n_streams)]
     graphs = [SimpleNamespace(graph=f"decode_bs{g + 1}", device=0, kind="uniform", regression=True,
-                              gap_added_ns=1_000.0 + g, streams=streams) for g in range(n_graphs)]
+                              gap_added_ns=1_000.0 + g, streams=streams, untraced_replay=None) for g in range(n_graphs)]
     verdict = SimpleNamespace(graphs=graphs, regressions=lambda: graphs)
     return SimpleNamespace(rank="0", reference="previous", state="ready", verdict=verdict,
                            reference_newest_s=time.time(), current_incarnation="i1")
@@ -422,9 +422,10 @@ class VerdictProc:
     def aggregator(self):
         return self.series.aggregator
 
-    def send(self, verdict, trace):
+    def send(self, verdict, trace, **kw):
+        """``kw``: more of the Window (untraced=...)."""
         self.t += 10
-        w = window(trace, ended_s=self.t)
+        w = window(trace, ended_s=self.t, **kw)
         self.aggregator.ingest(w)
         verdict.on_window(self, w)
         return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"
