@@ -304,7 +304,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
     cp.add_argument("--fail-on", choices=("uniform", "concentrated", "any"), default="any",
                     help="exit 1 on this kind of regressed graph (its boundary verdict): uniform (the whole graph "
-                         "widened), concentrated (a few boundaries; or mixed), any (default)")
+                         "widened), concentrated (a few boundaries; or mixed), any (default; also kind untraced: the "
+                         "untraced replay time alone rose >= 1%%, where both files carry it)")
     cp.add_argument("--min-added-ns", type=float, default=1000.0,
                     help="a boundary verdict regresses when its widened boundaries add at least this much gap per "
                          "replay (default 1000 ns) ...")
