@@ -83,6 +83,10 @@ def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdi
     s0 = st[0]["graphs"][0]["streams"][0]
     assert st[0]["regression"] is True and 0 < s0["ci_low_ns"] <= s0["shift_ns"] <= s0["ci_high_ns"]
     assert st[0]["graphs"][0]["top"]  # the boundaries, in /status only
+    # windows without untraced rows: the traced rule alone, and /status says so
+    assert st[0]["untraced"] == "absent" and st[0]["graphs"][0]["untraced"] == "absent"
+    assert st[0]["reference_untraced"] == {} == st[0]["current_untraced"]
+    assert "graphmon_deploy_untraced_shift_seconds{" not in text
     # the compared process is gone (or another one of the rank is attached and has sent nothing yet):
     # its verdict leaves /metrics and /status
     for live in (set(), {"i100"}, {"i300"}):
@@ -444,19 +448,3 @@ def test_the_rollback_with_untraced_durations_still_does_not_page(native, verdic
                              ref_of=lambda t: widen(t, 0, 150))
     assert g.widening and g.net == "faster" and g.untraced == "faster" and not g.regression
     assert not r.verdict.regressions() and set(_gauges(metrics(verdict), "graphmon_deploy_regression").values()) == {0}
-
-
-def test_without_untraced_rows_the_status_says_absent(native, verdict):
-    t = only(native, GRAPH)
-    v1 = Proc(pid=100)
-    v2 = Proc(pid=200, after=v1)
-    for w in windows_of(t)[:4]:
-        v1.send(verdict, w)
-    for w in windows_of(widen(t, 0))[4:6]:
-        v2.send(verdict, w)
-    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
-                      and verdict.results[("0", "previous")].current_windows == 2, timeout=30)
-    (st,) = status(verdict)
-    assert st["regression"] is True and st["untraced"] == "absent" and st["graphs"][0]["untraced"] == "absent"
-    assert st["graphs"][0]["kind"] == "uniform" and st["reference_untraced"] == {} == st["current_untraced"]
-    assert "graphmon_deploy_untraced_shift_seconds{" not in metrics(verdict)
