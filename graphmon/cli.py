@@ -93,9 +93,9 @@ def _check_plot_path(path: str | None) -> None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Exit 1 when a regression of a --fail-on kind is found (so it can gate CI), 0 otherwise, 2 on bad input."""
-    from graphmon.analysis.compare import Thresholds, compare
+    from graphmon.analysis.compare import Thresholds, compare, untraced_by_graph
     from graphmon.analysis.heap import reuse_heap_for_batch
-    from graphmon.formats.read import read_trace
+    from graphmon.formats.read import read_trace_untraced
 
     reuse_heap_for_batch()
 
@@ -112,15 +112,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     _check_plot_path(args.plot)
     if args.top < 1:
         raise CliError("--top must be >= 1")
-    base = read_trace(args.baseline, progress=False)
-    cur = read_trace(args.current, progress=False)
+    base, base_u = read_trace_untraced(args.baseline, progress=False)
+    cur, cur_u = read_trace_untraced(args.current, progress=False)
     result = compare(base, cur, pairs=pairs, thresholds=th)
     from graphmon.analysis.boundaries import attribute
     from graphmon.report.boundary_tables import format_attribution
 
     attr = attribute(base, cur, pairs=pairs, top=args.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                      min_replays=th.min_replays)
-    verdict = judge(result, attr, gate)
+    # untraced replay durations (native files only): they confirm or veto a page; none: said "absent"
+    verdict = judge(result, attr, gate, untraced=(untraced_by_graph(base_u, base.graph_names()),
+                                                  untraced_by_graph(cur_u, cur.graph_names())))
     if args.format == "json":
         from graphmon.report.jsonsafe import json_safe
 
@@ -302,7 +304,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cp.add_argument("--top", type=int, default=5, help="boundaries listed per graph, by median shift (default 5)")
     cp.add_argument("--fail-on", choices=("uniform", "concentrated", "any"), default="any",
                     help="exit 1 on this kind of regressed graph (its boundary verdict): uniform (the whole graph "
-                         "widened), concentrated (a few boundaries; or mixed), any (default)")
+                         "widened), concentrated (a few boundaries; or mixed), any (default; also kind untraced: the "
+                         "untraced replay time alone rose >= 1%%, where both files carry it)")
     cp.add_argument("--min-added-ns", type=float, default=1000.0,
                     help="a boundary verdict regresses when its widened boundaries add at least this much gap per "
                          "replay (default 1000 ns) ...")
@@ -310,8 +313,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                     help="... and at least this share of the baseline's median idle time per replay (default 0.02)")
     cp.add_argument("--fail-on-widening", action="store_true",
                     help="exit 1 on any widening that passes the gate, even when the replay as a whole did not get "
-                         "slower (default: a widening is a regression only when the median idle time or span per "
-                         "replay rose by --min-added-ns with a bootstrap interval above 0)")
+                         "slower or its untraced replay time did not rise (default: a widening is a regression only "
+                         "when the median idle time or span per replay rose by --min-added-ns with a bootstrap "
+                         "interval above 0 and, where both files carry untraced replay times, those rose too)")
     cp.add_argument("--plot", metavar="OUT.png|OUT.html",
                     help="draw per-stream gap distributions before/after and the per-boundary shift")
     _add_wide(cp)

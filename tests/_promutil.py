@@ -68,6 +68,7 @@ OTHER_SAMPLES = {
     "graphmon_deploy_stream_regression",
     "graphmon_deploy_gap_shift_seconds",
     "graphmon_deploy_gap_added_seconds",
+    "graphmon_deploy_untraced_shift_seconds",
     "graphmon_deploy_reference_age_seconds",
     "graphmon_deploy_graphs_left_out",
     "graphmon_deploy_graphs_regressed",

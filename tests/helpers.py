@@ -76,6 +76,17 @@ def half(trace: Trace, which: int) -> Trace:
     return trace.select(np.isin(trace.correlation_id, np.concatenate(keep_corr)) & (trace.graph >= 0))
 
 
+def untraced_rows(trace: Trace, factor: float = 1.0, which=None) -> dict:
+    """Untraced replay durations (model.window.UNTRACED_COLUMNS) made from ``trace``'s real replay
+    spans, each x ``factor``: one row per replay (``which``: of the first (0) or second (1) half of
+    each graph's replays only), in time order; ``graph`` indexes ``trace.graphs``."""
+    from graphmon.analysis.replays import analyze
+
+    r = analyze(trace if which is None else half(trace, which)).replays
+    o = np.argsort(r.first_start_ns, kind="stable")
+    return {"graph": r.graph[o].astype(np.int32), "duration_ns": np.round(r.span_ns[o] * factor).astype(np.int64)}
+
+
 def widen_at(trace: Trace, graph_index: int, stream: int, positions, add_ns: int = 5_000) -> Trace:
     """Widen chosen boundaries of one graph by ``add_ns`` in every replay.
 
@@ -375,7 +386,7 @@ def deploy_result(n_graphs=64, n_streams=4):
 
     streams = [SimpleNamespace(stream_current=7 + s, flagged=True, shift_ns=300.0) for s in range(n_streams)]
     graphs = [SimpleNamespace(graph=f"decode_bs{g + 1}", device=0, kind="uniform", regression=True,
-                              gap_added_ns=1_000.0 + g, streams=streams) for g in range(n_graphs)]
+                              gap_added_ns=1_000.0 + g, streams=streams, untraced_replay=None) for g in range(n_graphs)]
     verdict = SimpleNamespace(graphs=graphs, regressions=lambda: graphs)
     return SimpleNamespace(rank="0", reference="previous", state="ready", verdict=verdict,
                            reference_newest_s=time.time(), current_incarnation="i1")
@@ -411,9 +422,10 @@ class VerdictProc:
     def aggregator(self):
         return self.series.aggregator
 
-    def send(self, verdict, trace):
+    def send(self, verdict, trace, **kw):
+        """``kw``: more of the Window (untraced=...)."""
         self.t += 10
-        w = window(trace, ended_s=self.t)
+        w = window(trace, ended_s=self.t, **kw)
         self.aggregator.ingest(w)
         verdict.on_window(self, w)
         return f"{self.series.tag}-{self.aggregator.snapshot().windows[-1]}"

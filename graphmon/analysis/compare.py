@@ -18,7 +18,8 @@ The same rule with the sign reversed reports an "improvement" (never fails CI).
 Per matched graph, the replay as a whole is tested too (:class:`ReplayShift`): the shift of the
 median span and of the median idle time (span - busy) per replay, with the same bootstrap
 interval. :mod:`graphmon.analysis.deploy` uses it for **net harm**: a widening pages only when the
-replay got slower as a whole.
+replay got slower as a whole; and, with the same :func:`replay_shift`, the shift of the median
+replay time timed untraced (:func:`untraced_by_graph`), which confirms or vetoes a page.
 
 Why 128 ns / 20% and not 2 ticks / 10%: two captures of the *same* graph differ (instance-to-
 instance variance). In the bundled H200 capture, decode_bs2 uploaded vs not differ by +80 ns
@@ -48,7 +49,7 @@ fork order inside a graph is fixed by its dependencies, so rank order pairs up t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class StreamShift:
 class ReplayShift:
     """Shift of one per-replay measure (span or idle) of a graph: medians, shift and its interval."""
 
-    measure: str  # span | idle
+    measure: str  # span | idle | untraced (replay time timed with kernel tracing off)
     replays_baseline: int
     replays_current: int
     median_baseline_ns: float
@@ -105,6 +106,19 @@ def replay_shift(measure: str, base: np.ndarray, cur: np.ndarray, th: Thresholds
     t = shift_test(base, cur, th)
     return ReplayShift(measure, len(base), len(cur), t["median_baseline_ns"], t["median_current_ns"],
                        t["shift_ns"], t["ci_low_ns"], t["ci_high_ns"])
+
+
+def untraced_by_graph(untraced: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Untraced replay durations (graphmon.model.window.UNTRACED_COLUMNS) per graph display name
+    (``names``: the trace's ``graph_names()``, which ``graph`` indexes), in row order.
+
+    Rows of an unknown graph (-1) name no graph and are left out. There is no device column: a
+    graph name replayed on two devices of one trace gives both the same durations.
+    """
+    g = np.asarray(untraced.get("graph", ()), np.int64)
+    d = np.asarray(untraced.get("duration_ns", ()), np.int64)
+    keep = (g >= 0) & (g < len(names))
+    return {names[int(k)]: d[keep & (g == k)] for k in np.unique(g[keep]).tolist()}
 
 
 @dataclass(frozen=True)

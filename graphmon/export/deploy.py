@@ -76,6 +76,9 @@ class Result:
     current_window: Optional[str]
     current_windows: int
     current_replays: Mapping[str, int]
+    reference_untraced: Mapping[str, int] = field(default_factory=dict)  # graph -> untraced durations pooled
+    current_untraced: Mapping[str, int] = field(default_factory=dict)
+    untraced_left_out: int = 0  # untraced rows of both pools that name no graph or no positive time
     verdict: Optional[Verdict] = None
     boundaries: list = field(default_factory=list)  # attribute(...).to_json(): the /status "boundaries"
     computed_s: Optional[float] = None  # wall time it finished
@@ -159,14 +162,15 @@ class DeployVerdict:
     def on_window(self, attached: Any, window: Any) -> None:
         """Agent.window_hooks: called on the ingest thread after the aggregator took the window."""
         trace = window.trace
-        if not (trace.graph >= 0).any():
+        untraced = window.untraced
+        if not (trace.graph >= 0).any() and not len(untraced["duration_ns"]):
             return
         wid = _window_id(attached)
         if wid is None:
             return
         ident = getattr(attached.proc, "identity", {}) or {}
         item = (str(attached.rank), attached.series.tag, attached.incarnation, str(ident.get("pid", "")),
-                wid, trace, float(window.ended_s), process_key(ident))
+                wid, trace, float(window.ended_s), process_key(ident), untraced)
         with self._cv:
             if len(self._queue) >= self.queue_max:
                 self._queue.popleft()
@@ -303,8 +307,8 @@ class DeployVerdict:
                 self._pool(*item)
 
     def _pool(self, rank: str, tag: str, incarnation: str, pid: str, wid: str, trace: Trace, ended_s: float,
-              process: str) -> None:
-        p = pooled(wid, trace, ended_s)
+              process: str, untraced: Mapping) -> None:
+        p = pooled(wid, trace, ended_s, untraced)
         with self._lock:
             st = self._ranks.get(rank)
             if st is not None:
@@ -416,10 +420,13 @@ class DeployVerdict:
         return st.current.after(p[1]) if ref == "pinned" and p is not None else st.current.copy()
 
     def _compute(self, rank, ref, ref_pool: Pool, ref_id, ref_pid, cur: Pool, inc, pid) -> None:
+        ub, uc = ref_pool.untraced(), cur.untraced()  # per graph name of the pools' traces
         base = dict(rank=rank, reference=ref, reference_id=ref_id, reference_pid=ref_pid, current_incarnation=inc,
                     current_pid=pid, reference_newest_s=ref_pool.newest_s, reference_windows=len(ref_pool.windows),
                     reference_replays=ref_pool.replays(), current_window=cur.newest_id,
-                    current_windows=len(cur.windows), current_replays=cur.replays())
+                    current_windows=len(cur.windows), current_replays=cur.replays(),
+                    reference_untraced=_counts(ub), current_untraced=_counts(uc),
+                    untraced_left_out=ref_pool.untraced_left_out + cur.untraced_left_out)
         if not cur.windows or not cur.ready(ref_pool, self.thresholds.min_replays):
             self._store(Result(state="pooling", **base))
             return
@@ -430,7 +437,8 @@ class DeployVerdict:
             cmp_ = compare(b, c, thresholds=th)
             attr = attribute(b, c, top=self.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                              min_replays=th.min_replays)
-            res = Result(state="ready", verdict=judge(cmp_, attr, self.gate), boundaries=attr.to_json(),
+            verdict = judge(cmp_, attr, self.gate, untraced=(ub, uc))
+            res = Result(state="ready", verdict=verdict, boundaries=attr.to_json(),
                          computed_s=time.time(), compute_seconds=time.monotonic() - t0, **base)
             self.computations["ok"] += 1
         except TraceError as e:  # e.g. no graph in common: said in /status, not an agent error
@@ -456,6 +464,10 @@ class DeployVerdict:
     def _publish(self, results: Mapping) -> None:
         self.results = dict(results)  # one reference swap: readers never see a half-built mapping
         self._changed = True
+
+
+def _counts(untraced: Mapping) -> dict[str, int]:
+    return {g: len(d) for g, d in untraced.items()}
 
 
 def _window_id(attached: Any) -> Optional[str]:

@@ -1,18 +1,25 @@
 """The deploy verdict's Prometheus families and its /status section (graphmon.export.deploy).
 
 Families (labels bounded: rank, device, graph and stream as the gap series carry them; reference
-previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel name):
+previous | pinned; kind uniform | concentrated | mixed | untraced; never a pid or a kernel name):
 
 - ``graphmon_deploy_regression{rank,device,graph,reference,kind}``: 1 for the kind of a regressed
-  graph (a widening in a replay that got slower as a whole: graphmon.analysis.deploy), 0 for the
-  other kinds; all three kinds for every graph with a verdict; a widening that did not make the
-  replay slower stays 0 here and shows in /status (``widening``, ``net``, ``span``, ``idle``);
+  graph (graphmon.analysis.deploy: a widening in a replay that got slower as a whole and, where
+  the untraced replay time is measured, slower untraced too; or kind ``untraced``, the untraced
+  replay time alone up >= 1%), 0 for the other kinds; all four kinds for every graph with a
+  verdict; a widening that did not make the replay slower, or one the untraced time does not
+  confirm (kind ``observer_only``), stays 0 here and shows in /status (``widening``, ``kind``,
+  ``net``, ``span``, ``idle``, ``untraced``, ``untraced_replay``);
 - ``graphmon_deploy_stream_regression{rank,device,graph,stream,reference}``: 1 on the streams a
-  regression points at (compare flagged it, or a named boundary lies on it);
+  regression of a widening's kind points at (compare flagged it, or a named boundary lies on it);
+  0 for kind ``untraced`` (no stream says where the time went);
 - ``graphmon_deploy_gap_shift_seconds{rank,device,graph,stream,reference}``: the stream's shift of
   the median per-replay median gap (compare's; its interval is in /status);
 - ``graphmon_deploy_gap_added_seconds{rank,device,graph,reference}``: the summed median shift of
   the boundaries the verdict names, per replay (0 when none widened);
+- ``graphmon_deploy_untraced_shift_seconds{rank,device,graph,reference}``: the shift of the median
+  untraced replay time against the reference (only where both sides have enough untraced
+  durations: absent when /status says ``untraced`` absent or insufficient);
 - ``graphmon_deploy_reference_age_seconds{rank,reference}``: since the reference's newest window;
 - ``graphmon_deploy_graphs_left_out{rank,reference}``: graphs with a verdict beyond the series cap;
 - ``graphmon_deploy_graphs_regressed{rank,reference}``: graphs the verdict finds regressed, exported or not;
@@ -21,7 +28,8 @@ previous | pinned; kind uniform | concentrated | mixed; never a pid or a kernel 
 
 Series exist while the compared process is attached and the comparison is computed: a restart
 ends the previous verdict (its series go) until the new process has pooled enough replays.
-Per-graph series (12 for a graph with 4 streams) are bounded like the gap series: at cardinality
+Per-graph series (14 for a graph with 4 streams: 4 kinds, 4 + 4 per stream, gap added, untraced
+shift) are bounded like the gap series: at cardinality
 standard and low, at most ``detail_graphs`` graphs per rank and reference, regressed graphs first
 (most gap added first), then the rank's detail graphs; at full, ``max_graphs``.
 """
@@ -34,7 +42,7 @@ from typing import Callable, Container, Iterable, Mapping, Optional
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from graphmon.analysis.deploy import KINDS, GraphVerdict
+from graphmon.analysis.deploy import KINDS, PAGE_KINDS, GraphVerdict
 from graphmon.export.detail import cap_label
 from graphmon.export.deploy import DeployVerdict, Result
 from graphmon.export.deploy_state import STATE_ERRORS
@@ -102,6 +110,9 @@ class DeployCollector:
         added = GaugeMetricFamily("graphmon_deploy_gap_added_seconds",
                                   "Gap time per replay the boundaries named by the verdict added (summed median shift).",
                                   labels=GRAPH)
+        untraced = GaugeMetricFamily("graphmon_deploy_untraced_shift_seconds",
+                                     "Shift of the median untraced replay time (kernel tracing off) against the "
+                                     "reference; only where both sides have enough untraced replays.", labels=GRAPH)
         age = GaugeMetricFamily("graphmon_deploy_reference_age_seconds",
                                 "Seconds since the reference's newest window closed.", labels=["rank", "reference"])
         left = GaugeMetricFamily("graphmon_deploy_graphs_left_out",
@@ -122,18 +133,22 @@ class DeployCollector:
             regressed.add_metric([r.rank, r.reference], len(r.verdict.regressions()))
             for g in graphs:
                 lv = [r.rank, str(g.device), cap_label(_current_name(g), cap), r.reference]
-                for kind in KINDS:
+                for kind in PAGE_KINDS:
                     reg.add_metric(lv + [kind], 1 if g.regression and g.kind == kind else 0)
                 added.add_metric(lv, g.gap_added_ns * 1e-9)
+                u = g.untraced_replay
+                if u is not None and u.tested:
+                    untraced.add_metric(lv, u.shift_ns * 1e-9)
                 for s in g.streams[: self.max_streams]:
                     sl = lv[:3] + [str(s.stream_current), r.reference]
-                    sreg.add_metric(sl, 1 if g.regression and s.flagged else 0)
+                    sreg.add_metric(sl, 1 if g.regression and g.kind in KINDS and s.flagged else 0)
                     if math.isfinite(s.shift_ns):
                         shift.add_metric(sl, s.shift_ns * 1e-9)
         yield reg
         yield sreg
         yield shift
         yield added
+        yield untraced
         yield age
         yield left
         yield regressed
@@ -176,6 +191,9 @@ def status(verdict: DeployVerdict, live: Optional[Iterable[str]] = None, max_gra
             "reference_windows": r.reference_windows, "reference_replays": dict(r.reference_replays),
             "current_window": r.current_window, "current_windows": r.current_windows,
             "current_replays": dict(r.current_replays),
+            "untraced": r.verdict.untraced if r.verdict is not None else None,  # absent | insufficient | measured
+            "reference_untraced": dict(r.reference_untraced), "current_untraced": dict(r.current_untraced),
+            "untraced_left_out": r.untraced_left_out,
             "computed_age_s": None if r.computed_s is None else max(0.0, now - r.computed_s),
             "compute_seconds": r.compute_seconds,
             "regression": bool(r.verdict is not None and r.verdict.regressions()),

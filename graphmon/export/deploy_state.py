@@ -9,8 +9,11 @@ Files: one per (rank, role), ``<sha1(rank)[:16]>.<role>.npz`` with role ``curren
 process's pool, written at most every ``save_interval_s`` per rank and at the agent's stop) or
 ``previous`` (the reference, written when a new process takes the rank over). Each is an npz of
 ``state_json`` (rank, role, the process it came from, the windows' ids and end times) and one
-``w<i>`` per window: that window in graphmon's native trace format (graphmon.formats.native),
-read back through the native reader with its validation and limits. Why npz in npz and not one
+``w<i>`` per window: that window in graphmon's native trace format (graphmon.formats.native) with
+its untraced replay durations, read back through the native reader with its validation and
+limits; the pool's carry (the untraced durations of windows it dropped) is ``carry_ns``, its graph
+keys and counts in ``state_json``'s ``untraced_carry``. A file written before untraced durations
+existed has neither: its windows read back with none. Why npz in npz and not one
 concatenated trace: :func:`graphmon.model.trace.concat` re-resolves graphs and can drop duplicate
 records, so the windows could not be cut apart again; the pool's bounds work per window. Written
 to a temporary name and renamed: a crash leaves the old file or the new one, never half of one.
@@ -35,9 +38,10 @@ from typing import Optional
 
 import numpy as np
 
+from graphmon.analysis.deploy import UNTRACED_SAMPLES
 from graphmon.export.deploy_pool import Pool, pooled
 from graphmon.formats.common import ReadLimits
-from graphmon.formats.native import read_native, write_trace_to
+from graphmon.formats.native import read_native, read_native_untraced, write_trace_to
 from graphmon.model.trace import TraceError
 
 log = logging.getLogger("graphmon.agent")
@@ -95,11 +99,14 @@ class StateDir:
             arrays = {"state_json": _json_bytes({
                 "format": FORMAT, "version": VERSION, "rank": rank, "role": role, "process": process,
                 "max_replays": pool.max_replays, "max_bytes": pool.max_bytes,
-                "windows": [[w.window_id, w.ended_s] for w in pool.windows]})}
+                "windows": [[w.window_id, w.ended_s] for w in pool.windows],
+                "untraced_carry": [[k, len(d)] for k, d in pool.carry.items()]})}
             for i, w in enumerate(pool.windows):
                 buf = io.BytesIO()
-                write_trace_to(w.trace, buf)
+                write_trace_to(w.trace, buf, w.untraced)
                 arrays[f"w{i}"] = np.frombuffer(buf.getbuffer(), dtype=np.uint8)
+            if pool.carry:
+                arrays["carry_ns"] = np.concatenate(list(pool.carry.values())).astype(np.int64)
             tmp = f"{path}.tmp"
             with open(tmp, "wb") as fh:
                 np.savez(fh, **arrays)  # the windows are compressed already
@@ -156,7 +163,7 @@ class StateDir:
                 raise TraceError("its name does not match its rank")
             if not isinstance(windows, list) or not windows:
                 raise TraceError("no windows")
-            pool = Pool(int(state["max_replays"]), int(state["max_bytes"]))
+            pool = Pool(int(state["max_replays"]), int(state["max_bytes"]), carry=_carry(state, z))
             limits = ReadLimits(max_decompressed_bytes=MAX_FILE_BYTES)
             for i, w in enumerate(windows):
                 if not (isinstance(w, list) and len(w) == 2 and isinstance(w[0], str)
@@ -164,8 +171,24 @@ class StateDir:
                     raise TraceError(f"bad window entry {i}")
                 with np.load(io.BytesIO(z[f"w{i}"].tobytes()), allow_pickle=False) as inner:
                     trace = read_native(inner, limits=limits)
-                pool.add(pooled(w[0], trace, float(w[1])))
+                    untraced = read_native_untraced(inner, len(trace.graphs), limits)
+                pool.add(pooled(w[0], trace, float(w[1]), untraced))
         return rank, process, pool
+
+
+def _carry(state: dict, z) -> dict[str, np.ndarray]:
+    """The pool's carry: ``untraced_carry`` ([key, count], ...) cutting ``carry_ns`` (none in old files)."""
+    entries = state.get("untraced_carry", [])
+    if not entries:
+        return {}
+    if not (isinstance(entries, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+                                              and isinstance(e[1], int) and e[1] > 0 for e in entries)):
+        raise TraceError("bad untraced_carry")
+    d = z["carry_ns"]
+    if d.dtype != np.int64 or d.ndim != 1 or len(d) != sum(n for _, n in entries) or (d <= 0).any():
+        raise TraceError("carry_ns does not match untraced_carry")
+    cuts = np.cumsum([n for _, n in entries])[:-1]
+    return {k: part[-UNTRACED_SAMPLES:] for (k, _), part in zip(entries, np.split(d, cuts))}
 
 
 def _json_bytes(obj) -> np.ndarray:

@@ -1,7 +1,9 @@
 """graphmon's native trace format (docs/trace-format.md): the only code that knows it.
 
-A compressed npz: the kernel columns as ``k_<column>``, the launch columns as ``l_<column>`` and
-``meta_json`` (UTF-8 JSON: names, labels, graphs, invalid counts, free-form meta).
+A compressed npz: the kernel columns as ``k_<column>``, the launch columns as ``l_<column>``,
+``meta_json`` (UTF-8 JSON: names, labels, graphs, invalid counts, free-form meta) and, optionally,
+the untraced replay durations as ``u_<column>`` (graphmon.model.window.UNTRACED_COLUMNS; a file
+without them has none: the members were added without a version change, see docs/trace-format.md).
 """
 
 from __future__ import annotations
@@ -19,21 +21,24 @@ from graphmon.formats.common import ReadLimits, check_counts, require_int
 from graphmon.formats.jsonstream import JsonStream
 from graphmon.model.invalid import INVALID_REASONS
 from graphmon.model.trace import KERNEL_COLUMNS, LAUNCH_COLUMNS, UPLOAD_MODES, GraphInfo, Trace, TraceError
+from graphmon.model.window import UNTRACED_COLUMNS, no_untraced
 
 FORMAT_NAME = "graphmon-trace"
 FORMAT_VERSION = 1
 
 
-def write_trace(trace: Trace, path: str | os.PathLike) -> None:
-    """Write ``trace`` to ``path`` atomically (the inverse of ``formats.read.read_trace``)."""
+def write_trace(trace: Trace, path: str | os.PathLike, untraced: Optional[Mapping[str, np.ndarray]] = None) -> None:
+    """Write ``trace`` to ``path`` atomically (the inverse of ``formats.read.read_trace``; with
+    ``untraced`` rows, of ``read_trace_untraced``)."""
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "wb") as fh:
-        write_trace_to(trace, fh)
+        write_trace_to(trace, fh, untraced)
     os.replace(tmp, path)  # never leave a half-written trace under the real name
 
 
-def write_trace_to(trace: Trace, fh) -> None:
-    """Write the native format (a compressed npz) to a binary file object."""
+def write_trace_to(trace: Trace, fh, untraced: Optional[Mapping[str, np.ndarray]] = None) -> None:
+    """Write the native format (a compressed npz) to a binary file object; ``untraced``:
+    UNTRACED_COLUMNS whose ``graph`` indexes ``trace.graphs`` (written only when it has rows)."""
     meta = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -46,6 +51,8 @@ def write_trace_to(trace: Trace, fh) -> None:
     arrays = {f"k_{k}": getattr(trace, k) for k in KERNEL_COLUMNS}
     arrays.update({f"l_{k}": v for k, v in trace.launches.items()})
     arrays["meta_json"] = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
+    if untraced is not None and len(untraced["duration_ns"]):
+        arrays.update({f"u_{k}": np.asarray(untraced[k], t) for k, t in UNTRACED_COLUMNS.items()})
     np.savez_compressed(fh, **arrays)
 
 
@@ -157,6 +164,25 @@ def _validated_meta(raw: bytes, limits: ReadLimits):
     if len(meta.names) + len(meta.labels) > limits.max_names:
         raise TraceError(f"more than {limits.max_names} kernel names and labels (limit)")
     return meta
+
+
+def read_native_untraced(arrays: Mapping[str, np.ndarray], n_graphs: int,
+                         limits: ReadLimits | None = None) -> dict[str, np.ndarray]:
+    """The untraced replay durations of a native npz (empty for a file without them); ``n_graphs``:
+    the trace's graphs, which ``graph`` indexes. TraceError for malformed rows (one line)."""
+    keys = [f"u_{k}" for k in UNTRACED_COLUMNS]
+    if not any(k in arrays for k in keys):
+        return no_untraced()
+    cols = {k: require_int(dict(arrays), f"u_{k}") for k in UNTRACED_COLUMNS}
+    g, d = cols["graph"], cols["duration_ns"]
+    if len(g) != len(d):
+        raise TraceError(f"untraced columns differ in length ({len(g)} graph, {len(d)} duration_ns)")
+    check_counts(limits or ReadLimits(), kernels=len(d))  # one row per replay: never more than records
+    if len(g) and (g.min() < -1 or g.max() >= n_graphs):
+        raise TraceError(f"u_graph must index the trace's {n_graphs} graphs (or be -1)")
+    if len(d) and d.min() <= 0:
+        raise TraceError("u_duration_ns must be > 0")
+    return {k: cols[k].astype(t) for k, t in UNTRACED_COLUMNS.items()}
 
 
 def read_native(arrays: Mapping[str, np.ndarray], source: str = "", limits: ReadLimits | None = None) -> Trace:

@@ -22,19 +22,21 @@ import stat
 import struct
 import zipfile
 import zlib
+from typing import Mapping
 
 import numpy as np
 
 from graphmon.formats.common import ReadLimits, one_line, progress_bar
 from graphmon.formats.cupti_npz import RAW_CUPTI_OFFSET_NS, is_cupti_npz, read_cupti_npz
 from graphmon.formats.kineto import read_kineto
-from graphmon.formats.native import is_native, read_native, write_trace
+from graphmon.formats.native import is_native, read_native, read_native_untraced, write_trace
 from graphmon.formats.nsys import SQLITE_MAGIC, read_nsys
 from graphmon.model.trace import Trace, TraceError
+from graphmon.model.window import no_untraced
 
 # ReadLimits lives in formats.common so that every reader can take it without importing this
 # dispatcher (which imports them); it is re-exported here, where callers look for it.
-__all__ = ["ReadLimits", "read_trace", "write_trace", "RAW_CUPTI_OFFSET_NS"]
+__all__ = ["ReadLimits", "read_trace", "read_trace_untraced", "write_trace", "RAW_CUPTI_OFFSET_NS"]
 
 _PROGRESS_MIN_BYTES = 1_000_000  # smaller files read in well under 1 s (gzip JSON: ~0.7 MB/s)
 _PROGRESS_DELAY_S = 1.0
@@ -52,6 +54,17 @@ def read_trace(
     once, False never. Raises :class:`TraceError` (one line, naming the file) for any
     unreadable file.
     """
+    return read_trace_untraced(path, progress, limits=limits)[0]
+
+
+def read_trace_untraced(
+    path: str | os.PathLike,
+    progress: bool | None = None,
+    *,
+    limits: ReadLimits | None = None,
+) -> tuple[Trace, Mapping[str, np.ndarray]]:
+    """:func:`read_trace`, and the untraced replay durations the file carries
+    (model.window.UNTRACED_COLUMNS; only graphmon's native format has them, empty otherwise)."""
     name = os.fspath(path)
     limits = limits or ReadLimits()
     try:
@@ -72,15 +85,15 @@ def read_trace(
         if head.startswith(SQLITE_MAGIC):
             if size > limits.max_decompressed_bytes:
                 raise TraceError(f"SQLite file of {size} bytes, over the limit of {limits.max_decompressed_bytes}")
-            return read_nsys(name, limits)
+            return read_nsys(name, limits), no_untraced()
         if head.startswith(b"PK"):
             return _read_npz(name, limits, show)
         if head.startswith(b"\x1f\x8b"):
-            return read_kineto(name, size, limits, show, gzipped=True)
+            return read_kineto(name, size, limits, show, gzipped=True), no_untraced()
         if head.startswith(b"\xef\xbb\xbf") or head.lstrip()[:1] in (b"{", b"["):
-            return read_kineto(name, size, limits, show, gzipped=False)
+            return read_kineto(name, size, limits, show, gzipped=False), no_untraced()
         if head.strip() == b"" and size > len(head):
-            return read_kineto(name, size, limits, show, gzipped=False)  # leading whitespace
+            return read_kineto(name, size, limits, show, gzipped=False), no_untraced()  # leading whitespace
         if head.startswith(b"\x28\xb5\x2f\xfd"):
             raise TraceError("zstd-compressed files are not supported; decompress first")
         raise TraceError(f"unrecognized format (starts with {head!r}); expected a graphmon npz, a raw CUPTI npz, a Chrome trace JSON or an Nsight Systems SQLite export")
@@ -138,10 +151,11 @@ def _read_npz_arrays(path: str, limits: ReadLimits, show: bool | float) -> dict[
     return out
 
 
-def _read_npz(path: str, limits: ReadLimits, show: bool | float) -> Trace:
+def _read_npz(path: str, limits: ReadLimits, show: bool | float) -> tuple[Trace, Mapping[str, np.ndarray]]:
     arrays = _read_npz_arrays(path, limits, show)
     if is_native(arrays):
-        return read_native(arrays, source=path, limits=limits)
+        trace = read_native(arrays, source=path, limits=limits)
+        return trace, read_native_untraced(arrays, len(trace.graphs), limits)
     if is_cupti_npz(arrays):
-        return read_cupti_npz(path, arrays, limits)
+        return read_cupti_npz(path, arrays, limits), no_untraced()
     raise TraceError(f"npz is neither a graphmon trace (no meta_json) nor a raw CUPTI trace (keys: {sorted(arrays)[:12]})")

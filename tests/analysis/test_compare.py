@@ -239,3 +239,32 @@ def test_compare_works_without_scipy(tmp_path):
                        timeout=300)
     assert r.returncode == 1, r.stderr
     assert "REGRESSION on" in r.stdout
+
+
+def test_cli_asks_the_untraced_replay_times_both_files_carry(native, tmp_path, capsys):
+    """Issue 36 through ``compare``: native files with untraced replay durations (made from the real
+    replay spans of the first / second half of the recorded replays). A widening whose untraced time
+    fell is observer_only (exit 0; 1 with --fail-on-widening); an untraced rise alone fails; a file
+    without them (every file before) keeps the traced rule and says so."""
+    from helpers import untraced_rows
+
+    _, cur = held_out_concentrated(native)
+    base_p, cur_p, same_p = tmp_path / "base.graphmon.npz", tmp_path / "cur.graphmon.npz", tmp_path / "same.graphmon.npz"
+    write_trace(native, base_p, untraced=untraced_rows(native, 1.0, which=0))
+    write_trace(cur, cur_p, untraced=untraced_rows(native, 0.8, which=1))
+    assert main(["compare", str(base_p), str(cur_p)]) == 0
+    out = capsys.readouterr().out
+    assert f"graph {HELD_OUT_GRAPH} (device 0): widened (concentrated, boundaries) and slower traced" in out
+    assert "observer_only, not a regression" in out and "PASS: no regression" in out and "untraced: measured)" in out
+    assert main(["compare", "--fail-on-widening", str(base_p), str(cur_p)]) == 1
+    capsys.readouterr()
+    write_trace(native, same_p, untraced=untraced_rows(native, 1.012, which=1))  # the same build, +1.2% untraced
+    assert main(["compare", "--format", "json", str(base_p), str(same_p)]) == 1
+    doc = json.loads(capsys.readouterr().out)["verdict"]
+    assert doc["untraced"] == "measured" and {g["kind"] for g in doc["graphs"]} == {"untraced"}
+    assert all(g["untraced_replay"]["ci_low_ns"] > 0 for g in doc["graphs"])
+    # the untraced side missing: the traced rule, and the verdict says absent
+    assert main(["compare", "--format", "json", str(NATIVE), str(cur_p)]) == 1
+    doc = json.loads(capsys.readouterr().out)["verdict"]
+    g = {x["graph"]: x for x in doc["graphs"]}[HELD_OUT_GRAPH]
+    assert doc["untraced"] == "absent" and g["untraced"] == "absent" and g["kind"] == "concentrated" and g["regression"]

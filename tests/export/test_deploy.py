@@ -67,7 +67,7 @@ def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdi
     assert g.regression and g.kind == "uniform" and g.flagged_streams == [7, 142, 143, 144]
     text = metrics(verdict)
     lv = f'device="0",graph="{GRAPH}",rank="0",reference="previous"'
-    for kind, v in (("uniform", 1), ("concentrated", 0), ("mixed", 0)):  # every kind initialised
+    for kind, v in (("uniform", 1), ("concentrated", 0), ("mixed", 0), ("untraced", 0)):  # every kind initialised
         assert (f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="{kind}",rank="0",'
                 f'reference="previous"}} {v}.0') in text
     for s in (7, 142, 143, 144):
@@ -83,6 +83,10 @@ def test_a_restart_with_widened_gaps_is_flagged_within_two_windows(native, verdi
     s0 = st[0]["graphs"][0]["streams"][0]
     assert st[0]["regression"] is True and 0 < s0["ci_low_ns"] <= s0["shift_ns"] <= s0["ci_high_ns"]
     assert st[0]["graphs"][0]["top"]  # the boundaries, in /status only
+    # windows without untraced rows: the traced rule alone, and /status says so
+    assert st[0]["untraced"] == "absent" and st[0]["graphs"][0]["untraced"] == "absent"
+    assert st[0]["reference_untraced"] == {} == st[0]["current_untraced"]
+    assert "graphmon_deploy_untraced_shift_seconds{" not in text
     # the compared process is gone (or another one of the rank is attached and has sent nothing yet):
     # its verdict leaves /metrics and /status
     for live in (set(), {"i100"}, {"i300"}):
@@ -106,7 +110,7 @@ def test_a_restart_without_change_flags_nothing(native, verdict):
     text = metrics(verdict)
     assert ' 1.0' not in "\n".join(line for line in text.splitlines() if line.startswith("graphmon_deploy_regression")
                                    or line.startswith("graphmon_deploy_stream_regression"))
-    assert text.count("graphmon_deploy_regression{") == 3  # the graph, every kind at 0
+    assert text.count("graphmon_deploy_regression{") == 4  # the graph, every kind at 0
 
 
 def test_a_rollback_that_widens_one_boundary_is_reported_not_paged(native, verdict):
@@ -126,7 +130,7 @@ def test_a_rollback_that_widens_one_boundary_is_reported_not_paged(native, verdi
     assert g.widening and g.kind == "concentrated" and g.flagged_streams == [7]
     assert g.net == "faster" and not g.regression
     text = metrics(verdict)
-    assert text.count("graphmon_deploy_regression{") == 3 and ' 1.0' not in "\n".join(
+    assert text.count("graphmon_deploy_regression{") == 4 and ' 1.0' not in "\n".join(
         line for line in text.splitlines() if line.startswith(("graphmon_deploy_regression",
                                                                "graphmon_deploy_stream_regression")))
     assert "graphmon_deploy_stream_regression{" in text
@@ -364,3 +368,83 @@ def test_the_agent_serves_the_verdict_in_metrics_status_and_trace(native):
     finally:
         agent.stop()
     assert not c.app.state.deploy._thread.is_alive()  # the agent's stop ends the verdict's thread
+
+
+# ---------------------------------------------------------------------- untraced replay time (issue 36)
+# The wire carrying Window.untraced is the collector's work (issue 36, another layer); these tests
+# hand the verdict Windows with untraced rows directly, as the agent's window hook does.
+def _untraced_restart(verdict, native, graph, cur_of, f_ref, f_cur, n=6, ref_of=lambda t: t):
+    """Two processes of rank 0: the reference runs ``ref_of(trace)`` of ``graph``, the current one
+    ``cur_of(trace)``; each window carries untraced durations made from the real replay spans of
+    its replays as recorded, x f_ref or x f_cur. n windows each: 4n durations per side."""
+    from helpers import untraced_rows
+
+    t = only(native, graph)
+    ws, rws, cws = windows_of(t), windows_of(ref_of(t)), windows_of(cur_of(t))
+    v1 = Proc(pid=100)
+    v2 = Proc(pid=200, after=v1)
+    for w, rw in zip(ws[:n], rws[:n]):
+        v1.send(verdict, rw, untraced=untraced_rows(w, f_ref))
+    assert _settled(verdict, n)
+    for w, cw in zip(ws[n:2 * n], cws[n:2 * n]):
+        v2.send(verdict, cw, untraced=untraced_rows(w, f_cur))
+    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
+                      and verdict.results[("0", "previous")].current_windows == n, timeout=30)
+    r = verdict.results[("0", "previous")]
+    assert r.reference_untraced == {graph: 4 * n} == r.current_untraced and r.untraced_left_out == 0
+    (g,) = r.verdict.graphs
+    return r, g
+
+
+def _gauges(text, prefix):
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(prefix + "{")}
+
+
+def test_a_widening_whose_untraced_time_falls_is_observer_only_and_does_not_page(native, verdict):
+    r, g = _untraced_restart(verdict, native, GRAPH, lambda t: widen(t, 0), 1.0, 0.8)
+    assert g.widening and g.widening_kind == "uniform" and g.net == "slower"
+    assert g.kind == "observer_only" and not g.regression and g.untraced == "faster"
+    text = metrics(verdict)
+    regs = _gauges(text, "graphmon_deploy_regression")
+    assert len(regs) == 4 and set(regs.values()) == {0.0}
+    assert set(_gauges(text, "graphmon_deploy_stream_regression").values()) == {0.0}
+    (shift,) = _gauges(text, "graphmon_deploy_untraced_shift_seconds").values()
+    assert -320e-6 < shift < -280e-6  # 20% of ~1.5 ms
+    (st,) = status(verdict)
+    assert st["regression"] is False and st["untraced"] == "measured"
+    assert st["reference_untraced"] == {GRAPH: 24} and st["untraced_left_out"] == 0
+    doc = st["graphs"][0]
+    assert doc["kind"] == "observer_only" and doc["untraced"] == "faster" and doc["net"] == "slower"
+    assert doc["untraced_replay"]["ci_high_ns"] < 0 and doc["span"]["ci_low_ns"] > 0  # both figures
+    assert doc["untraced_rel_shift"] == pytest.approx(-0.2, abs=0.01)
+
+
+def test_a_widening_whose_untraced_time_rises_too_pages(native, verdict):
+    _, g = _untraced_restart(verdict, native, GRAPH, lambda t: widen(t, 0), 1.0, 1.01)
+    assert g.regression and g.kind == "uniform" and g.untraced == "slower"
+    text = metrics(verdict)
+    assert _gauges(text, "graphmon_deploy_regression")[
+        f'graphmon_deploy_regression{{device="0",graph="{GRAPH}",kind="uniform",rank="0",reference="previous"}}'] == 1
+    assert set(_gauges(text, "graphmon_deploy_stream_regression").values()) == {1.0}
+
+
+def test_an_untraced_rise_alone_pages_with_its_own_kind(native, verdict):
+    _, g = _untraced_restart(verdict, native, GRAPH, lambda t: t, 1.0, 1.012)
+    assert not g.widening and g.regression and g.kind == "untraced" and g.untraced == "slower"
+    text = metrics(verdict)
+    regs = _gauges(text, "graphmon_deploy_regression")
+    assert {k.split('kind="')[1].split('"')[0]: v for k, v in regs.items()} == {
+        "uniform": 0, "concentrated": 0, "mixed": 0, "untraced": 1}
+    assert set(_gauges(text, "graphmon_deploy_stream_regression").values()) == {0.0}  # no stream to point at
+    (shift,) = _gauges(text, "graphmon_deploy_untraced_shift_seconds").values()
+    assert 15e-6 < shift < 22e-6  # +1.2% of ~1.5 ms
+    assert status(verdict)[0]["regression"] is True
+
+
+def test_the_rollback_with_untraced_durations_still_does_not_page(native, verdict):
+    """Issue 35's rollback, the untraced truth beside it: the reference build was 5% slower untraced."""
+    r, g = _untraced_restart(verdict, native, GRAPH, lambda t: widen_at(t, 0, 7, [40], 10_000), 1.05, 1.0, n=5,
+                             ref_of=lambda t: widen(t, 0, 150))
+    assert g.widening and g.net == "faster" and g.untraced == "faster" and not g.regression
+    assert not r.verdict.regressions() and set(_gauges(metrics(verdict), "graphmon_deploy_regression").values()) == {0}

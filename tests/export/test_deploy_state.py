@@ -149,3 +149,80 @@ def test_an_unwritable_state_dir_is_an_error_at_start(tmp_path):
     f.write_text("x")
     with pytest.raises(OSError):
         StateDir(str(f))
+
+
+# ---------------------------------------------------------------------- untraced replay times (issue 36)
+def _untraced_pool(graph_trace):
+    """A pool of 4 windows with untraced durations (the windows' real replay spans) that keeps two:
+    the other two windows' durations are in its carry."""
+    from helpers import untraced_rows
+
+    pool = Pool(max_replays=8)
+    for i, w in enumerate(windows_of(graph_trace)[:4]):
+        pool.add(pooled(f"r1-w{i}", w, 1_800_000_000.0 + i, untraced_rows(w, 1.0 + i / 100)))
+    assert len(pool.windows) == 2 and len(pool.carry[graph_trace.graphs[0].key]) == 8
+    return pool
+
+
+def test_untraced_durations_and_the_carry_round_trip(tmp_path, graph_trace):
+    pool = _untraced_pool(graph_trace)
+    sd = StateDir(str(tmp_path))
+    assert sd.save("0", "previous", pool, "7@node-a#1.0")
+    (back,) = sd.load()
+    p = back.previous
+    assert {k: d.tolist() for k, d in p.carry.items()} == {k: d.tolist() for k, d in pool.carry.items()}
+    for a, b in zip(pool.windows, p.windows):
+        assert {k: v.tolist() for k, v in a.untraced.items()} == {k: v.tolist() for k, v in b.untraced.items()}
+    assert {k: d.tolist() for k, d in p.untraced().items()} == {k: d.tolist() for k, d in pool.untraced().items()}
+    assert len(p.untraced()[GRAPH]) == 16 and p.nbytes == pool.nbytes
+    # a carry that does not match its counts: the file is damaged, counted and ignored
+    import json
+
+    import numpy as np
+
+    with np.load(sd.file("0", "previous")) as z:
+        arrays = {k: z[k] for k in z.files}
+    state = json.loads(bytes(arrays["state_json"]).decode())
+    state["untraced_carry"][0][1] += 1
+    arrays["state_json"] = np.frombuffer(json.dumps(state).encode(), np.uint8)
+    with open(sd.file("0", "previous"), "wb") as fh:
+        np.savez(fh, **arrays)
+    assert StateDir(str(tmp_path)).load() == [] and os.path.exists(sd.file("0", "previous") + ".corrupt")
+
+
+def test_a_state_file_of_the_layout_before_untraced_times_reads_back(tmp_path, graph_trace):
+    """A file the agent wrote before untraced durations existed (no untraced_carry, no carry_ns, no
+    u_ members in its windows): its windows read back with none, and the verdict says absent."""
+    import io
+    import json
+
+    import numpy as np
+
+    from graphmon.formats.native import write_trace_to
+
+    ws = windows_of(graph_trace)
+    sd = StateDir(str(tmp_path))
+    old = {"format": "graphmon-deploy-state", "version": 1, "rank": "0", "role": "previous", "process": "1@h#1",
+           "max_replays": 64, "max_bytes": 32 * 2**20,
+           "windows": [[f"r1-w{i}", 1_800_000_000.0 + i] for i in range(4)]}
+    arrays = {"state_json": np.frombuffer(json.dumps(old).encode(), np.uint8)}
+    for i, w in enumerate(ws[:4]):
+        buf = io.BytesIO()
+        write_trace_to(w, buf)
+        arrays[f"w{i}"] = np.frombuffer(buf.getbuffer(), np.uint8)
+    with open(sd.file("0", "previous"), "wb") as fh:
+        np.savez(fh, **arrays)
+    v = DeployVerdict(state=StateDir(str(tmp_path)))
+    try:
+        st = v._ranks["0"]
+        assert st.previous.replays() == {f"0/{GRAPH}": 16} and st.previous.untraced() == {} and not st.previous.carry
+        assert all(len(w.untraced["duration_ns"]) == 0 for w in st.previous.windows)
+        b = Proc(pid=2, start="200.0")
+        for w in windows_of(widen(graph_trace, 0))[4:6]:
+            b.send(v, w)
+        assert _ready(v, 2)
+        r = v.results[("0", "previous")]
+        (g,) = r.verdict.graphs
+        assert g.regression and g.kind == "uniform" and g.untraced == "absent" and r.verdict.untraced == "absent"
+    finally:
+        v.stop()

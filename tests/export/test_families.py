@@ -25,7 +25,7 @@ BUDGET = 300  # series per rank at the default settings (issue 38)
 # 4 streams (launch times and the observer slowdown known, as from a live collector), the agent's
 # per-rank families included, no deploy verdict.
 PER_RANK = {"low": 161, "standard": 245, "full": 18_253}
-DEPLOY_STANDARD = 3 + 2 * 12  # per (rank, reference): age, left out, regressed + 2 graphs x 12
+DEPLOY_STANDARD = 3 + 2 * 13  # per (rank, reference): age, left out, regressed + 2 graphs x 13 (14 with untraced)
 
 
 def per_rank(text: str) -> dict[str, int]:

@@ -111,3 +111,44 @@ def test_every_limit_applies_to_native(tmp_path):
         read_trace(NATIVE, progress=False, limits=ReadLimits(max_streams=3))
     with pytest.raises(TraceError, match="graphs"):
         read_trace(NATIVE, progress=False, limits=ReadLimits(max_graphs=2))
+
+
+def test_untraced_rows_round_trip_and_old_files_have_none(tmp_path):
+    """Optional u_graph/u_duration_ns members (issue 36): written with the trace, read back by
+    read_trace_untraced; a file without them (every file written before) reads with none."""
+    from graphmon.formats.read import read_trace_untraced
+
+    t = read_trace(NATIVE, progress=False)
+    old_t, old_u = read_trace_untraced(NATIVE, progress=False)
+    assert len(old_u["duration_ns"]) == 0 and len(old_t) == len(t)
+    u = {"graph": np.array([0, 5, -1, 0], np.int32), "duration_ns": np.array([1_500_000, 1_600_000, 9, 1_510_000])}
+    path = tmp_path / "u.graphmon.npz"
+    write_trace(t, path, untraced=u)
+    t2, u2 = read_trace_untraced(path, progress=False)
+    assert_same_trace(t, t2)
+    assert u2["graph"].dtype == np.int32 and u2["duration_ns"].dtype == np.int64
+    assert u2["graph"].tolist() == [0, 5, -1, 0] and u2["duration_ns"].tolist() == u["duration_ns"].tolist()
+    assert_same_trace(read_trace(path, progress=False), t)  # read_trace ignores them
+    with np.load(path) as z:
+        assert {"u_graph", "u_duration_ns"} <= set(z.files)
+    write_trace(t, tmp_path / "none.graphmon.npz", untraced={"graph": np.zeros(0), "duration_ns": np.zeros(0)})
+    with np.load(tmp_path / "none.graphmon.npz") as z:
+        assert "u_graph" not in z.files  # no rows: no members, a file like every old one
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"u_graph": np.array([0, 99]), "u_duration_ns": np.array([5, 5])}, "must index the trace's 6 graphs"),
+    ({"u_graph": np.array([0, -2]), "u_duration_ns": np.array([5, 5])}, "must index"),
+    ({"u_graph": np.array([0, 1]), "u_duration_ns": np.array([5, 0])}, "u_duration_ns must be > 0"),
+    ({"u_graph": np.array([0]), "u_duration_ns": np.array([5, 6])}, "differ in length"),
+    ({"u_graph": np.array([0.5]), "u_duration_ns": np.array([5])}, "must be integer"),
+    ({"u_graph": np.array([0])}, "missing array 'u_duration_ns'"),
+])
+def test_bad_untraced_rows_are_a_one_line_error(tmp_path, change, msg):
+    from graphmon.formats.read import read_trace_untraced
+
+    path = tmp_path / "bad.graphmon.npz"
+    path.write_bytes(npz_with(NATIVE, **change))
+    with pytest.raises(TraceError, match=msg) as e:
+        read_trace_untraced(path, progress=False)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)

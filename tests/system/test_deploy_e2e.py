@@ -125,11 +125,11 @@ def test_a_restart_under_one_agent_pages_only_on_a_change(tmp_path, monkeypatch,
             end = time.monotonic() + DEADLINE_S
             while time.monotonic() < end:
                 zeros = prom.query('graphmon_deploy_regression{rank="0",graph="cap1"} == 0')
-                if len(zeros) == 3 and prom.query(f'count_over_time(graphmon_deploy_regression{{kind="uniform"}}[1m]) '
+                if len(zeros) == 4 and prom.query(f'count_over_time(graphmon_deploy_regression{{kind="uniform"}}[1m]) '
                                                   f'>= {3 * FOR_S}'):
                     break
                 time.sleep(1)
-            assert len(zeros) == 3
+            assert len(zeros) == 4  # uniform, concentrated, mixed, untraced
             assert _deploy_alerts(prom) == [] and not prom.query("graphmon_deploy_regression == 1")
     finally:
         assert r.finish() == 0
