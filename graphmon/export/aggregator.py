@@ -174,7 +174,8 @@ class Aggregator:
         return health, tuple(sorted(self._errors.items())), info
 
     def _any_stale(self) -> bool:
-        return bool(self._last_sampled) and min(self._last_sampled.values()) < time.time() - self.stale_after_s
+        seen = (*self._last_sampled.values(), *self._untraced.seen.values())
+        return bool(seen) and min(seen) < time.time() - self.stale_after_s
 
     def refresh_if_changed(self) -> bool:
         """Refresh only when something a snapshot shows between windows changed (or a series went
@@ -422,26 +423,22 @@ class Aggregator:
             d = self._device(dev[-1])
             self._graphs[(d, UNKNOWN)] = UNKNOWN_SERIES
             key_of[-1] = (d, UNKNOWN, UNKNOWN_SERIES.upload_mode)
-        self._untraced.fold(key_of, graph, dur_ns)
-        for key in key_of.values():
-            self._last_sampled[key] = ended_s
+        self._untraced.fold(key_of, graph, dur_ns, ended_s)
 
     def _expire(self) -> None:
-        """Drop the series of graphs not sampled for stale_after_s (and free their slots)."""
+        """Drop the series of graphs not sampled (traced, or untraced) for stale_after_s, and free
+        the slots of graphs with neither left."""
         limit = time.time() - self.stale_after_s
         stale = [k for k, ts in self._last_sampled.items() if ts < limit]
-        if not stale:
-            return
         for key in stale:
-            d, graph, mode = key
             del self._last_sampled[key]
             for m in (self._rep_hist, self._rep_q, self._kpr, self._replays):
                 m.pop(key, None)
-            self._untraced.drop(key)
             for gk in [k for k in self._gap_hist if (k[0], k[1], k[3]) == key]:
                 for m in (self._gap_hist, self._gap_neg, self._gap_q):
                     m.pop(gk, None)
-            if not any(k[0] == d and k[1] == graph for k in self._last_sampled):
+        for d, graph, _ in {*stale, *self._untraced.expire(limit)}:
+            if not any(k[0] == d and k[1] == graph for k in (*self._last_sampled, *self._untraced.seen)):
                 self._graphs.pop((d, graph), None)
                 self._stream_slots.pop((d, graph), None)
                 slots = self._graph_slots.get(d, {})

@@ -74,10 +74,14 @@ class UntracedTimes:
         self.summary: dict[tuple, Mapping[str, float]] = {}
         self._ring: dict[tuple, np.ndarray] = {}
         self._written: dict[tuple, int] = {}  # durations ever written to the key's ring
+        # wall s of the last window with untraced rows, per key: apart from the traced families'
+        # last-sampled time, which the alert rules read to leave out stale traced quantiles
+        self.seen: dict[tuple, float] = {}
 
-    def fold(self, key_of: Mapping[int, tuple], graph: np.ndarray, dur_ns: np.ndarray) -> None:
+    def fold(self, key_of: Mapping[int, tuple], graph: np.ndarray, dur_ns: np.ndarray, ended_s: float) -> None:
         """Add untraced_rows' ``dur_ns``, row i to the series key ``key_of[graph[i]]`` (several
-        graph indices may share a key: one folded into "other", one exec per process)."""
+        graph indices may share a key: graphs folded into "other"), in the window that ended at
+        ``ended_s`` (wall s)."""
         gis = np.unique(graph)
         keys = sorted(set(key_of.values()))
         index = {k: i for i, k in enumerate(keys)}
@@ -94,6 +98,7 @@ class UntracedTimes:
                 key = keys[i]
                 self.hist[key] = hist_add(self.hist.get(key), counts[i], sums[i], ns[i])
                 self._keep(key, dur_ns[offs[i] : offs[i + 1]])
+                self.seen[key] = ended_s
 
     def _keep(self, key: tuple, new: np.ndarray) -> None:
         ring = self._ring.get(key)
@@ -109,9 +114,13 @@ class UntracedTimes:
         self.summary[key] = freeze({"count": int(len(kept)), "mean": float(kept.mean()) * 1e-9,
                                     **{f"p{round(p * 100)}": float(v) * 1e-9 for p, v in zip(UNTRACED_QUANTILES, q)}})
 
-    def drop(self, key: tuple) -> None:
-        for m in (self.hist, self.summary, self._ring, self._written):
-            m.pop(key, None)
+    def expire(self, limit_s: float) -> list[tuple]:
+        """Forget the keys with no untraced rows since wall time ``limit_s``; returns them."""
+        stale = [k for k, ts in self.seen.items() if ts < limit_s]
+        for key in stale:
+            for m in (self.hist, self.summary, self._ring, self._written, self.seen):
+                del m[key]
+        return stale
 
 
 def summary_of(summaries: Mapping[tuple, Mapping[str, float]], device: str, graph: str, mode: str) -> Optional[dict]:
