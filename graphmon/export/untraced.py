@@ -94,11 +94,12 @@ class UntracedTimes:
             sums = np.zeros(len(keys), np.int64)
             np.add.at(sums, kid, dur_ns)  # int64: exact (values <= MAX_VALUE_NS)
             offs = np.r_[0, np.cumsum(ns)]
-            for i in np.flatnonzero(ns).tolist():
-                key = keys[i]
+            changed = [keys[i] for i in np.flatnonzero(ns).tolist()]
+            for i, key in zip(np.flatnonzero(ns).tolist(), changed):
                 self.hist[key] = hist_add(self.hist.get(key), counts[i], sums[i], ns[i])
                 self._keep(key, dur_ns[offs[i] : offs[i + 1]])
                 self.seen[key] = ended_s
+            self._summarize(changed)
 
     def _keep(self, key: tuple, new: np.ndarray) -> None:
         ring = self._ring.get(key)
@@ -106,13 +107,22 @@ class UntracedTimes:
             ring = self._ring[key] = np.zeros(self.sample, np.int64)
         at = self._written.get(key, 0)
         new = new[-self.sample :]
-        pos = (at + np.arange(len(new))) % self.sample
-        ring[pos] = new
+        ring[(at + np.arange(len(new))) % self.sample] = new
         self._written[key] = at + len(new)
-        kept = ring[: min(self._written[key], self.sample)]
-        q = np.quantile(kept, UNTRACED_QUANTILES)  # numpy's default (linear), as /status documents
-        self.summary[key] = freeze({"count": int(len(kept)), "mean": float(kept.mean()) * 1e-9,
-                                    **{f"p{round(p * 100)}": float(v) * 1e-9 for p, v in zip(UNTRACED_QUANTILES, q)}})
+
+    def _summarize(self, keys: list) -> None:
+        """count, mean, p10/p50/p90/p99 (s) of the kept durations of ``keys``: numpy's quantiles
+        (linear), one call per sample size (once the rings are full, one for every key), since a
+        call per key cost ~0.2 ms: 13 ms a window with 64 graphs timed."""
+        by_n: dict[int, list] = {}
+        for key in keys:
+            by_n.setdefault(min(self._written[key], self.sample), []).append(key)
+        for n, ks in by_n.items():
+            kept = np.stack([self._ring[k][:n] for k in ks])
+            q = np.quantile(kept, UNTRACED_QUANTILES, axis=1).T.tolist()
+            for k, mean, qk in zip(ks, kept.mean(axis=1).tolist(), q):
+                self.summary[k] = freeze({"count": n, "mean": mean * 1e-9,
+                                          **{f"p{round(p * 100)}": v * 1e-9 for p, v in zip(UNTRACED_QUANTILES, qk)}})
 
     def expire(self, limit_s: float) -> list[tuple]:
         """Forget the keys with no untraced rows since wall time ``limit_s``; returns them."""
