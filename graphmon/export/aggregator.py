@@ -244,6 +244,7 @@ class Aggregator:
         _yield_gil()
         self._fold_replays(a, gseries, ended_s)
         if len(ugraph):
+            _yield_gil()
             self._fold_untraced(a, ugraph, udur, ended_s)
         self._out_of_range("untraced", ubad)
         self._seq += 1
