@@ -337,6 +337,21 @@ def decode_dashboard() -> dict[str, Any]:
                             (f'graphmon_replay_quantile_seconds{{quantile="0.99", kind="gpu", {GRAPH_SEL}}}',
                              "{{graph}} gpu p99 [{{upload_mode}}] " + WHERE + "/d{{device}}"),
                         )))
+    untraced = "graphmon_replay_untraced_seconds"
+    p.append(timeseries(lay, "Replay time UNTRACED (CUDA events, kernel tracing off) vs traced span",
+                        "Untraced: graph replays timed by CUDA events recorded in the launch callbacks around the "
+                        "launch while kernel tracing is off (bursts between windows): it includes the event records "
+                        "and the launch latency from the enter callback to the first kernel, not tracing's cost. "
+                        "Mean from _sum/_count and p90 from the histogram over the rate window. Traced span: first "
+                        "kernel start to last kernel end with CUPTI tracing on (mean over the rate window), slower "
+                        "by the observer effect. Compare each line with itself over time, not the two kinds.",
+                        targets(
+                            (mean_per(untraced, by_graph, GRAPH_SEL), "untraced mean {{graph}} [{{upload_mode}}] " + WHERE),
+                            (hist_quantile("0.9", untraced, by_graph, GRAPH_SEL),
+                             "untraced p90 {{graph}} [{{upload_mode}}] " + WHERE),
+                            (mean_per("graphmon_replay_gpu_seconds", by_graph, GRAPH_SEL),
+                             "traced span mean {{graph}} [{{upload_mode}}] " + WHERE),
+                        )))
     p.append(timeseries(lay, "Idle per replay attributable to gaps",
                         "Mean idle time per replay (no kernel running on any stream between the replay's first start "
                         "and last end: the cost of gaps), next to the sum of all per-stream kernel gaps per replay "

@@ -38,6 +38,12 @@ def window(trace, ended_s=1_800_000_000.0, **kw):
     return Window(trace=trace, started_s=ended_s - 1.0, ended_s=ended_s, **kw)
 
 
+def untraced(graph, duration_ns) -> dict:
+    """Window.untraced columns (graphmon.model.window.UNTRACED_COLUMNS): row i is a replay of
+    graph index ``graph[i]`` (-1: unknown) timed untraced at ``duration_ns[i]``."""
+    return {"graph": np.asarray(graph, np.int32), "duration_ns": np.asarray(duration_ns, np.int64)}
+
+
 def widen(trace: Trace, graph_index: int, add_ns: int = WIDEN_NS) -> Trace:
     """Shift kernels so every gap on every stream of one graph grows by exactly ``add_ns``.
 

@@ -39,7 +39,7 @@ from graphmon.export.snapshot import Snapshot
 from graphmon.export.tracestore import SharedTraceStore
 from graphmon.model.window import CaptureRequest, Window
 from graphmon.model.wire import WireError, encode_message
-from graphmon.report.summary import snapshot_graphs
+from graphmon.export.untraced import status_graphs
 from graphmon.settings import Settings
 from graphmon.sources.peers import LimitedLog
 from graphmon.sources.remote import STATES, AgentListener, PeerPolicy, RemoteProcess
@@ -387,7 +387,7 @@ class Agent:
     def _status_graphs(self, tag: str, s: Snapshot) -> list:
         hit = self._graphs.get(tag)
         if hit is None or hit[0] is not s:
-            hit = self._graphs[tag] = (s, snapshot_graphs(s))
+            hit = self._graphs[tag] = (s, status_graphs(s))
         return hit[1]
 
     def process_status(self) -> list[dict]:

@@ -24,9 +24,10 @@ import numpy as np
 
 from graphmon.analysis.replays import NO_VALUE, Analysis, analyze, grouped_quantiles
 from graphmon.export.detail import DetailGraphs, Signatures, cap_label
-from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, MAX_VALUE_NS, REPLAY_KINDS, REPLAY_QUANTILES, bucket_counts
+from graphmon.export.buckets import GAP_BUCKETS_NS, GAP_QUANTILES, MAX_VALUE_NS, REPLAY_KINDS, REPLAY_QUANTILES, bucket_counts, hist_add
 from graphmon.export.snapshot import GraphSeries, Hist, Snapshot, freeze
 from graphmon.export.tracestore import TraceStore
+from graphmon.export.untraced import UNKNOWN, UNKNOWN_SERIES, UntracedTimes, untraced_devices, untraced_rows
 from graphmon.model.window import SourceHealth, Window
 
 log = logging.getLogger("graphmon")
@@ -44,13 +45,6 @@ def _yield_gil() -> None:
     time.sleep(0)
 
 
-def _hist_add(old: Optional[Hist], counts: np.ndarray, sum_ns: int, count: int) -> Hist:
-    c = counts.tolist()  # Python ints: exact, and one conversion for the row
-    if old is None:
-        return Hist(tuple(c), int(sum_ns), int(count))
-    return Hist(tuple([a + b for a, b in zip(old.counts, c)]), old.sum_ns + int(sum_ns), old.count + int(count))
-
-
 class Aggregator:
     """The sink: analyse windows, fold them into cumulative state, publish snapshots."""
 
@@ -60,9 +54,7 @@ class Aggregator:
 
     def __init__(
         self,
-        rank: str = "0",
-        max_graphs: int = 64,
-        max_streams: int = 16,
+        rank: str = "0", max_graphs: int = 64, max_streams: int = 16,
         trace_store: Optional[TraceStore] = None,
         health: Callable[[], SourceHealth] = lambda: SourceHealth(up=True, state="running"),
         backend_info: Optional[Mapping[str, str] | Callable[[], Mapping[str, str]]] = None,
@@ -84,10 +76,7 @@ class Aggregator:
         self._backend_info = backend_info if callable(backend_info) else (lambda b=dict(backend_info or {"backend": "none"}): b)
         self._lock = threading.Lock()  # serialises ingest; never taken by scrapes
         self._last_key: Optional[tuple] = None
-        self._seq = 0
-        self._windows = 0
-        self._records = 0
-        self._dropped = 0
+        self._seq = self._windows = self._records = self._dropped = 0
         self._invalid: dict[str, int] = {}
         self._errors: dict[str, int] = {}
         self._error_logged: dict[str, float] = {}
@@ -108,12 +97,12 @@ class Aggregator:
         self._graph_slots: dict[str, dict[str, tuple[str, str, str]]] = {}  # device -> identity -> (name, key, label)
         self._stream_slots: dict[tuple, set] = {}  # (device, graph) -> streams with own series
         self._folded: OrderedDict = OrderedDict()
-        self._folded_total = 0
-        self._truncated = 0
+        self._folded_total = self._truncated = 0
         self._oor: dict[str, int] = {}
         self._detail = DetailGraphs(detail_graphs)
+        self._untraced = UntracedTimes()
         self._last_analysis: Optional[Analysis] = None
-        self._last_gq: Optional[np.ndarray] = None
+        self._last_gq: Optional[np.ndarray] = None  # its gap quantiles
         self._waiters: dict[str, threading.Event] = {}
         # Called with each newly published snapshot, outside the ingest lock (e.g. to pre-render
         # /metrics off the scrape path). Exceptions are counted, never raised.
@@ -185,7 +174,8 @@ class Aggregator:
         return health, tuple(sorted(self._errors.items())), info
 
     def _any_stale(self) -> bool:
-        return bool(self._last_sampled) and min(self._last_sampled.values()) < time.time() - self.stale_after_s
+        seen = (*self._last_sampled.values(), *self._untraced.seen.values())
+        return bool(seen) and min(seen) < time.time() - self.stale_after_s
 
     def refresh_if_changed(self) -> bool:
         """Refresh only when something a snapshot shows between windows changed (or a series went
@@ -244,14 +234,19 @@ class Aggregator:
         invalid = {str(r): int(c) for r, c in t.invalid.items()}
         if any(c < 0 for c in invalid.values()):
             raise ValueError("negative invalid-record count")  # a counter must never decrease
+        ugraph, udur, ubad = untraced_rows(window.untraced, len(t.graphs))
         _yield_gil()
         # One quantile pass serves /status's summary and the quantile metrics.
         gq = grouped_quantiles(a.gaps.values, a.gaps.offsets, GAP_QUANTILES)
         _yield_gil()
-        gseries = self._graph_series(a)
+        gseries = self._graph_series(t, set(zip(a.replays.device.tolist(), a.replays.graph.tolist())))
         self._fold_gaps(a, gseries, gq)
         _yield_gil()
         self._fold_replays(a, gseries, ended_s)
+        if len(ugraph):
+            _yield_gil()
+            self._fold_untraced(a, ugraph, udur, ended_s)
+        self._out_of_range("untraced", ubad)
         self._seq += 1
         wid = window.capture_id or f"w{self._seq}"
         self._windows += 1
@@ -292,13 +287,12 @@ class Aggregator:
         self._fold(("device", d))
         return OTHER
 
-    def _graph_series(self, a: Analysis) -> dict[tuple, tuple[str, GraphSeries]]:
-        """(device, graph index) -> (device label, series), applying the device and graph caps."""
-        t = a.trace
+    def _graph_series(self, t, pairs: set, traced: bool = True) -> dict[tuple, tuple[str, GraphSeries]]:
+        """(device, graph index) -> (device label, series), applying the device and graph caps;
+        untraced rows (``traced`` False: no kernels, no signature) never replace a known series."""
         names = t.graph_names()
         out: dict[tuple, tuple[str, GraphSeries]] = {}
-        pairs = set(zip(a.replays.device.tolist(), a.replays.graph.tolist()))
-        sigs = self._signatures.of(t, {gi for _, gi in pairs})
+        sigs = self._signatures.of(t, {gi for _, gi in pairs}) if traced else {}
         for dev, gi in sorted(pairs):
             info = t.graphs[gi]
             d = self._device(dev)
@@ -315,15 +309,13 @@ class Aggregator:
                         self._fold(("graph", d, ident))
             ul = info.upload_stream_is_launch_stream
             bs = getattr(info, "batch_size", -1)
-            gs = GraphSeries(
-                graph=slot[0], graph_key=slot[1], label=slot[2],
-                upload_mode=info.upload_mode,
-                upload_stream_is_launch_stream="unknown" if ul is None else str(bool(ul)).lower(),
-                batch_size=str(bs) if isinstance(bs, int) and bs >= 0 and slot[0] != OTHER else "",
-                signature=sigs.get(gi, "") if slot[0] != OTHER else "",
-            )
+            gs = GraphSeries(slot[0], slot[1], slot[2], info.upload_mode,
+                             "unknown" if ul is None else str(bool(ul)).lower(),
+                             str(bs) if isinstance(bs, int) and bs >= 0 and slot[0] != OTHER else "",
+                             sigs.get(gi, "") if slot[0] != OTHER else "")
             out[(dev, gi)] = (d, gs)
-            self._graphs[(d, gs.graph)] = gs
+            if traced or (d, gs.graph) not in self._graphs:
+                self._graphs[(d, gs.graph)] = gs
         return out
 
     def _stream_name(self, d: str, graph: str, stream: int) -> str:
@@ -366,7 +358,7 @@ class Aggregator:
         for j in range(len(g)):
             d, gs = gseries[(int(g.device[j]), int(g.graph[j]))]
             key = (d, gs.graph, self._stream_name(d, gs.graph, int(g.stream[j])), gs.upload_mode)
-            self._gap_hist[key] = _hist_add(self._gap_hist.get(key), counts[j], sums[j], ns[j])
+            self._gap_hist[key] = hist_add(self._gap_hist.get(key), counts[j], sums[j], ns[j])
             self._gap_neg[key] = self._gap_neg.get(key, 0) + int(neg[j])
             by_key.setdefault(key, []).append(j)
         for key, js in by_key.items():
@@ -410,7 +402,7 @@ class Aggregator:
             qs = grouped_quantiles(v[np.lexsort((v, grp))], np.r_[0, np.cumsum(ns)], REPLAY_QUANTILES, presorted=True)
             for i, key in enumerate(uniq):
                 if ns[i]:
-                    self._rep_hist.setdefault(key, {})[kind] = _hist_add(
+                    self._rep_hist.setdefault(key, {})[kind] = hist_add(
                         self._rep_hist.get(key, {}).get(kind), counts[i], sums[i], ns[i])
                     quantiles[key][kind] = tuple(qs[i].tolist())
         for i, key in enumerate(uniq):
@@ -422,21 +414,32 @@ class Aggregator:
             span = r.span_ns[rows]
             self._detail.replayed((key[0], key[1]), int(span[(span >= 0) & (span <= MAX_VALUE_NS)].sum()), ended_s)
 
+    def _fold_untraced(self, a: Analysis, graph: np.ndarray, dur_ns: np.ndarray, ended_s: float) -> None:
+        """Untraced replay times under the traced families' series keys; graph -1 under UNKNOWN."""
+        gis = np.unique(graph)
+        dev = untraced_devices(a.trace, a.replays, gis, self._graph_slots, self.process.get("device", ""))
+        gseries = self._graph_series(a.trace, {(dev[gi], gi) for gi in gis.tolist() if gi >= 0}, traced=False)
+        key_of = {gi: (d, gs.graph, gs.upload_mode) for (_, gi), (d, gs) in gseries.items()}
+        if gis[0] < 0:
+            d = self._device(dev[-1])
+            self._graphs[(d, UNKNOWN)] = UNKNOWN_SERIES
+            key_of[-1] = (d, UNKNOWN, UNKNOWN_SERIES.upload_mode)
+        self._untraced.fold(key_of, graph, dur_ns, ended_s)
+
     def _expire(self) -> None:
-        """Drop the series of graphs not sampled for stale_after_s (and free their slots)."""
+        """Drop the series of graphs not sampled (traced, or untraced) for stale_after_s, and free
+        the slots of graphs with neither left."""
         limit = time.time() - self.stale_after_s
         stale = [k for k, ts in self._last_sampled.items() if ts < limit]
-        if not stale:
-            return
         for key in stale:
-            d, graph, mode = key
             del self._last_sampled[key]
             for m in (self._rep_hist, self._rep_q, self._kpr, self._replays):
                 m.pop(key, None)
             for gk in [k for k in self._gap_hist if (k[0], k[1], k[3]) == key]:
                 for m in (self._gap_hist, self._gap_neg, self._gap_q):
                     m.pop(gk, None)
-            if not any(k[0] == d and k[1] == graph for k in self._last_sampled):
+        for d, graph, _ in {*stale, *self._untraced.expire(limit)}:
+            if not any(k[0] == d and k[1] == graph for k in (*self._last_sampled, *self._untraced.seen)):
                 self._graphs.pop((d, graph), None)
                 self._stream_slots.pop((d, graph), None)
                 slots = self._graph_slots.get(d, {})
@@ -489,4 +492,6 @@ class Aggregator:
             label_values_truncated_total=self._truncated,
             devices=tuple(self._device_slots),
             detail_graphs=self._detail.pick(self._graphs, self._last_window_s or 0.0),
+            untraced_hist=freeze(self._untraced.hist),
+            untraced_summary=freeze(self._untraced.summary),
         )

@@ -4,12 +4,13 @@ Levels (``--cardinality``; counts per rank in docs/reliability.md, "Series and c
 
 - ``standard`` (default): the health families, and per-graph families only for the rank's
   *detail* graphs (``--detail-graphs``: the ones with the most GPU time sampled, chosen by the
-  aggregator with hysteresis, graphmon.export.detail): the gap histogram per stream and the replay gpu/idle histograms with coarser
-  buckets (buckets.py), the quantiles the dashboards and alerts read (no summary ``_count`` and
+  aggregator with hysteresis, graphmon.export.detail): the gap histogram per stream, the replay gpu/idle
+  histograms and the untraced replay-time histogram with coarser buckets (buckets.py), the quantiles the dashboards and alerts read (no summary ``_count`` and
   ``_sum``: the histograms have them), counters and info. Other graphs are counted in
   ``graphmon_graphs{detail="false"}``; their figures stay in /status, /graphs and /trace.
 - ``full``: every graph (up to --max-graphs), every histogram at full resolution, every quantile.
-- ``low``: what ``standard`` exports without histograms (summaries keep ``_count`` and ``_sum``).
+- ``low``: what ``standard`` exports without histograms (summaries keep ``_count`` and ``_sum``; no
+  untraced replay time: it is a histogram only).
 
 One :class:`Fam` per family; :func:`rank_series` gives, per family, the series of one snapshot:
 ``(label values, value)`` for gauges and counters, ``(label values, le strings, cumulative
@@ -32,7 +33,7 @@ from typing import Mapping, Optional
 
 from graphmon.export.buckets import (
     GAP_BUCKETS_NS, GAP_BUCKETS_STANDARD_NS, GAP_QUANTILES, IDLE_BUCKETS_STANDARD_NS, REPLAY_BUCKETS_STANDARD_NS,
-    REPLAY_KINDS, REPLAY_QUANTILES,
+    REPLAY_KINDS, REPLAY_QUANTILES, UNTRACED_BUCKETS_NS, UNTRACED_BUCKETS_STANDARD_NS,
 )
 from graphmon.export.guard import base_names
 from graphmon.export.identity import workload_labels
@@ -58,7 +59,7 @@ KNOWN_STAGES = (
     "stop_timeout", "stream_id", "tap",
 )
 STATES = ("starting", "running", "degraded", "blocked", "stopped", "error")
-VALUE_KINDS = ("gap", *REPLAY_KINDS, "negative_launch_latency")
+VALUE_KINDS = ("gap", *REPLAY_KINDS, "negative_launch_latency", "untraced")
 BUILD_LABELS = ("graphmon_version", "torch_version", "cuda_driver_version", "cuda_runtime_version", "cupti_version",
                 "engine", "engine_version")
 PATH_KEYS = ("source", "path", "trace", "file")  # backend_info values that name a file
@@ -130,6 +131,11 @@ REPLAY = {
     "inter_replay_gap": _f("graphmon_inter_replay_gap_seconds", "histogram", "Previous replay's last kernel end to "
                            "this replay's first kernel start on the launch stream.", *GRAPH),
 }
+UNTRACED = _f("graphmon_replay_untraced_seconds", "histogram",
+              "Graph replay time timed untraced (kernel tracing off): CUDA events recorded by the launch callbacks "
+              "around the launch. It keeps the event records and the launch latency from the enter callback's record "
+              "to the first kernel; no kernel tracing. Not comparable to graphmon_replay_gpu_seconds (traced span).",
+              *GRAPH)
 REPLAY_Q = _f("graphmon_replay_quantile_seconds", "summary", "Exact quantiles of replay GPU time (kind=gpu), busy or "
               "idle time, launch latency and the gap between replays over the last window; count/sum cumulative.",
               *GRAPH, "kind")
@@ -159,10 +165,11 @@ _ALL_Q = {k: REPLAY_QUANTILES for k in REPLAY_KINDS}
 _USED_Q = {"gpu": (0.5, 0.99), "busy": (0.5,), "idle": (0.5,), "launch_latency": (0.5, 0.99),
            "inter_replay_gap": (0.5, 0.9)}
 LEVEL = {
-    "full": Level(True, {"gap": GAP_BUCKETS_NS, **{k: b for k, (_, b) in REPLAY_KINDS.items()}}, GAP_QUANTILES,
-                  _ALL_Q, True),
+    "full": Level(True, {"gap": GAP_BUCKETS_NS, **{k: b for k, (_, b) in REPLAY_KINDS.items()},
+                         "untraced": UNTRACED_BUCKETS_NS}, GAP_QUANTILES, _ALL_Q, True),
     "standard": Level(False, {"gap": GAP_BUCKETS_STANDARD_NS, "gpu": REPLAY_BUCKETS_STANDARD_NS,
-                              "idle": IDLE_BUCKETS_STANDARD_NS}, (0.5, 0.9), _USED_Q, False),
+                              "idle": IDLE_BUCKETS_STANDARD_NS, "untraced": UNTRACED_BUCKETS_STANDARD_NS},
+                      (0.5, 0.9), _USED_Q, False),
     "low": Level(False, {}, (0.5, 0.9), _USED_Q, True),
 }
 
@@ -171,7 +178,7 @@ def families(level: str) -> tuple[Fam, ...]:
     """The families a rank exports at ``level``, in body order (a family with no series still
     has its HELP and TYPE, so a body's families do not come and go)."""
     lv = LEVEL[level]
-    hist = [REPLAY[k] for k in REPLAY_KINDS if k in lv.histograms]
+    hist = [REPLAY[k] for k in REPLAY_KINDS if k in lv.histograms] + ([UNTRACED] if "untraced" in lv.histograms else [])
     return (*HEALTH, *([GAP] if "gap" in lv.histograms else []), NEGATIVE, GAP_Q, *hist, REPLAY_Q, KPR, REPLAYS,
             LAST_SAMPLED, GRAPH_INFO)
 
@@ -200,7 +207,7 @@ class _Bins:
         return acc if self.identity else [acc[i] for i in self.at]
 
 
-_FULL_BOUNDS = {"gap": GAP_BUCKETS_NS, **{k: b for k, (_, b) in REPLAY_KINDS.items()}}
+_FULL_BOUNDS = {"gap": GAP_BUCKETS_NS, **{k: b for k, (_, b) in REPLAY_KINDS.items()}, "untraced": UNTRACED_BUCKETS_NS}
 _BINS = {(lv, k): _Bins(_FULL_BOUNDS[k], b) for lv, spec in LEVEL.items() for k, b in spec.histograms.items()}
 
 
@@ -314,6 +321,10 @@ def graph_series(s: Snapshot, level: str) -> list:
             if h is not None:
                 rows.append((k, bins.les, bins.cumulative(h.counts), h.sum_ns * NS))
         out.append((REPLAY[kind], rows))
+    if "untraced" in lv.histograms:
+        bins = _BINS[(level, "untraced")]
+        out.append((UNTRACED, [(k, bins.les, bins.cumulative(h.counts), h.sum_ns * NS)
+                               for k, h in ((k, s.untraced_hist[k]) for k in kept(s.untraced_hist))]))
     rq = []
     for k in rep_keys:
         hists = s.replay_hist.get(k, {})

@@ -28,8 +28,9 @@ from graphmon.export.guard import ErrorCounts, Guard, authorized, base_names
 from graphmon.export.scrape import ScrapeBodies, accepts_gzip
 from graphmon.export.snapshot import Snapshot
 from graphmon.export.tracebodies import TraceBodies
+from graphmon.export.untraced import status_graphs
 from graphmon.model.window import CaptureRequest
-from graphmon.report.summary import snapshot_graphs, upload_mode_comparison
+from graphmon.report.summary import upload_mode_comparison
 
 log = logging.getLogger("graphmon")
 TRACE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -190,7 +191,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
     def status(request: Request) -> dict:
         snaps = tuple(snapshots())
         if not (len(snaps) == len(status_cache[0]) and all(a is b for a, b in zip(snaps, status_cache[0]))):
-            status_cache[:] = [snaps, [snapshot_graphs(s) for s in snaps]]
+            status_cache[:] = [snaps, [status_graphs(s) for s in snaps]]
         graphs = status_cache[1]
         full = authorized(request.scope, settings, need_token=True) is None
         per = [one_status(s, g, full) for s, g in zip(snaps, graphs)]
@@ -224,6 +225,7 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
                     "kernels_per_replay": s.kernels_per_replay.get(key),
                     "last_sampled_timestamp_s": s.graph_last_sampled_s.get(key),
                     "detail": (d, graph) in s.detail_graphs,  # series of its own at the default level
+                    "untraced_replay_seconds": None if (u := s.untraced_summary.get(key)) is None else dict(u),
                 })
         return out
 

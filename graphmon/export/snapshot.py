@@ -79,6 +79,10 @@ class Snapshot:
     # (device, graph) of the rank's detail graphs: the ones with series of their own at the
     # default cardinality level (the aggregator picks the most GPU time, with hysteresis)
     detail_graphs: frozenset = frozenset()
+    # key (device, graph, upload_mode): graph replays timed untraced (graphmon.export.untraced), the
+    # cumulative histogram and, over the newest ones, count, mean, p10/p50/p90/p99 in seconds
+    untraced_hist: Mapping[tuple, Hist] = field(default_factory=lambda: EMPTY)
+    untraced_summary: Mapping[tuple, Mapping[str, float]] = field(default_factory=lambda: EMPTY)
 
     @property
     def up(self) -> bool:

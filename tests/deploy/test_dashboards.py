@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -119,6 +120,21 @@ def test_required_panels_are_there():
     assert all(p["options"]["calculate"] is False for p in heatmaps)  # buckets come from Prometheus
 
 
+def test_untraced_replay_time_sits_beside_the_traced_span_and_says_which_is_which():
+    """Issue 36: the untraced replay time (mean from _sum/_count, p90 from the histogram) in one
+    panel with the traced span, next to the traced replay panel, every legend naming its kind."""
+    panels = [p for p in iter_panels(MODELS["graphmon-decode.json"]["panels"]) if p["type"] != "row"]
+    (i,) = [i for i, p in enumerate(panels) if "graphmon_replay_untraced_seconds" in str(p["targets"])]
+    p, traced = panels[i], panels[i - 1]
+    assert "UNTRACED" in p["title"] and "traced span" in p["title"] and "graphmon_replay_quantile_seconds" in str(traced)
+    assert p["gridPos"]["y"] == traced["gridPos"]["y"] and p["gridPos"]["x"] == traced["gridPos"]["x"] + traced["gridPos"]["w"]
+    exprs = [t["expr"] for t in p["targets"]]
+    assert "rate(graphmon_replay_untraced_seconds_sum" in exprs[0] and "rate(graphmon_replay_untraced_seconds_count" in exprs[0]
+    assert exprs[1].startswith("histogram_quantile(0.9, ") and "graphmon_replay_untraced_seconds_bucket" in exprs[1]
+    assert "rate(graphmon_replay_gpu_seconds_sum" in exprs[2]
+    assert [t["legendFormat"].split(" {{")[0] for t in p["targets"]] == ["untraced mean", "untraced p90", "traced span mean"]
+
+
 def test_upload_modes_come_from_the_upload_mode_label_not_graph_names():
     """Real engines' graph labels carry no /upload suffix (issue 14 item 7): no query parses them."""
     exprs = [e for m in MODELS.values() for _, _, e in panel_targets(m)]
@@ -207,7 +223,7 @@ MATCHER_RE = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 def _default_level_samples():
     """(name, labels) of every sample an agent exports at the default level: one rank with 64
-    graphs on 4 streams (launch times, the observer slowdown), and a deploy verdict (every graph
+    graphs on 4 streams (launch times, the observer slowdown, untraced replay times), and a deploy verdict (every graph
     regressed, as a driver change would) through the agent's own collectors."""
     import time
     from types import SimpleNamespace
@@ -220,7 +236,7 @@ def _default_level_samples():
     from graphmon.model.window import Window
     from graphmon.model.wire import encode_window
     from graphmon.settings import Settings
-    from helpers import AgentClient, deploy_result, many_graphs, wait_until
+    from helpers import AgentClient, deploy_result, many_graphs, untraced, wait_until
 
     agent = Agent(Settings(port=0), tick_s=0.05, heartbeat_lost_s=60).start()
     try:
@@ -228,6 +244,9 @@ def _default_level_samples():
         c.s.sendall(encode_window(Window(trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(),
                                          observer_slowdown=1.02)))
         assert wait_until(lambda: agent.snapshots() and agent.snapshots()[0].windows_total == 1, timeout=20)
+        # untraced replay times of every graph (given to the rank's aggregator: the wire is the collector's)
+        agent.ranks["0"].aggregator.ingest(Window(trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(),
+                                                  untraced=untraced(np.arange(64), np.full(64, 600_000))))
         verdict = SimpleNamespace(results={("0", "previous"): deploy_result()}, dropped=0, ranks_forgotten=0,
                                   computations={}, state=None)
         deploy = DeployCollector(verdict, detail=lambda rank: agent.snapshots()[0].detail_graphs, detail_graphs=2)
@@ -272,3 +291,39 @@ def test_every_panel_and_alert_selector_has_series_at_the_default_level():
                 missing.append((where, metric, matchers))
     assert not missing, missing
     assert len(exprs) > 60
+
+
+def test_the_untraced_panel_gives_the_rows_mean_and_p90_through_prometheus(tmp_path):
+    """The untraced panel's queries, run by Prometheus's engine (promtool) on a real render scraped
+    after a start at 0: the mean is the rows' mean, the p90 the histogram's interpolation in the
+    bucket all of them fall in, the traced span mean the traced histogram's (to 1e-9)."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from graphmon.export.aggregator import Aggregator
+    from graphmon.export.collector import make_registry
+    from helpers import synthetic_trace, untraced, window
+
+    agg = Aggregator()
+    rows = [310_000 + 50_000 * i for i in range(12)]  # 0.31-0.86 ms: all in the (0.3 ms, 1 ms] bucket
+    agg.ingest(window(synthetic_trace(n_graphs=1), untraced=untraced([0] * len(rows), rows)))
+    text = generate_latest(make_registry(agg.snapshots)).decode()
+    # every counter 0 a scrape before (no extrapolation toward zero: rate() scales all series alike)
+    series = [{"series": s.name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted({**s.labels, "instance": "i",
+                                                                                 "job": "graphmon"}.items())) + "}",
+               "values": f"0 {s.value!r}"} for f in text_string_to_metric_families(text)
+              if f.name in ("graphmon_replay_untraced_seconds", "graphmon_replay_gpu_seconds") for s in f.samples]
+    gpu = agg.snapshot().replay_hist[("0", "graph0", "uploaded")]["gpu"]
+    want = [sum(rows) / len(rows) * 1e-9, 3e-4 + (1e-3 - 3e-4) * 0.9, gpu.sum_ns / gpu.count * 1e-9]
+    model = MODELS["graphmon-decode.json"]
+    (panel,) = [p for p in iter_panels(model["panels"]) if "graphmon_replay_untraced_seconds" in str(p.get("targets"))]
+    labels = '{device="0", graph="graph0", instance="i", job="graphmon", rank="0", upload_mode="uploaded"}'
+    (tmp_path / "empty.yml").write_text("groups: []\n")
+    doc = {"rule_files": ["empty.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": f"abs(({expand(tg['expr'], variable_names(model), '2m')}) / {v!r} - 1) < bool 1e-9",
+                              "eval_time": "1m", "exp_samples": [{"labels": labels, "value": 1}]}
+                             for tg, v in zip(panel["targets"], want)]}]}
+    (tmp_path / "panel_test.yml").write_text(yaml.safe_dump(doc))
+    r = promtool("test", "rules", "panel_test.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

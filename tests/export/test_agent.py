@@ -82,6 +82,26 @@ def test_two_processes_claiming_one_rank_get_distinct_series(agent):
     assert ranks[0] == "0" and ranks[1].startswith("0@")
 
 
+def test_process_status_gives_each_graph_its_untraced_replay_time(agent):
+    """The agent's per-process /status: each graph of the last window with its untraced replay
+    time (the rank's aggregator is given the rows: carrying them on the wire is the collector's)."""
+    from graphmon.model.window import Window
+
+    c = Client(agent, rank="0", pid=21)  # noqa: F841 (kept open)
+    a = _proc(agent)
+    c.window(8)
+    assert wait_until(lambda: agent.snapshots() and agent.snapshots()[0].records_total == 8)
+    graphs = agent.process_status()[0]["graphs"]
+    assert graphs and all(g["untraced_replay_seconds"] is None for g in graphs)
+    trace = agent.snapshots()[0].last_analysis.trace
+    a.aggregator.ingest(Window(trace=trace, started_s=time.time() - 1, ended_s=time.time(),
+                               untraced={"graph": np.zeros(3, np.int32),
+                                         "duration_ns": np.array([200_000, 300_000, 700_000], np.int64)}))
+    (g,) = [g for g in agent.process_status()[0]["graphs"] if g["graph"] == trace.graph_names()[0]]
+    assert g["untraced_replay_seconds"] == pytest.approx(
+        {"count": 3, "mean": 4e-4, "p10": 2.2e-4, "p50": 3e-4, "p90": 6.2e-4, "p99": 6.92e-4}, rel=1e-9)
+
+
 def test_four_ranks_on_one_agent_http(agent):
     clients = [Client(agent, rank=str(r), pid=100 + r) for r in range(4)]
     assert wait_until(lambda: len(agent.processes) == 4)

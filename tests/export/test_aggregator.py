@@ -6,7 +6,7 @@ from graphmon.export.aggregator import Aggregator
 from graphmon.model.window import SourceHealth
 from graphmon.formats.read import read_trace
 
-from helpers import NATIVE, synthetic_trace, window
+from helpers import NATIVE, synthetic_trace, untraced, window
 
 
 def test_cumulative_across_windows_and_last_window_quantiles():
@@ -345,3 +345,113 @@ def test_a_series_with_only_overlaps_exports_no_quantile():
     body = render(make_registry(agg.snapshots, cardinality="full"), TEXT).decode()
     assert 'graphmon_kernel_gap_quantile_seconds{' not in body
     assert "graphmon_kernel_gap_quantile_seconds_count{" in body
+
+
+# ---------------------------------------------------------------- untraced replay times (issue 36)
+def _plus_graph(t, label="burst_only"):
+    """``t`` with one more graph that has no kernels in it (a graph timed only untraced)."""
+    from dataclasses import replace
+
+    from graphmon.model.trace import GraphInfo
+
+    return replace(t, graphs=(*t.graphs, GraphInfo(key="g99", graph_id=99, upload_mode="lazy", label=label)))
+
+
+def test_untraced_histogram_counts_and_sum_are_the_rows_sent():
+    from graphmon.export.buckets import UNTRACED_BUCKETS_NS
+
+    rng = np.random.default_rng(36)
+    graph = rng.integers(0, 2, 5_000)
+    dur = rng.lognormal(np.log(700_000), 1.0, 5_000).astype(np.int64) + 1  # ~50 us .. ~20 ms, some beyond
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(n_graphs=2), untraced=untraced(graph[:3_000], dur[:3_000])))
+    agg.ingest(window(synthetic_trace(n_graphs=2), untraced=untraced(graph[3_000:], dur[3_000:])))
+    s = agg.snapshot()
+    assert set(s.untraced_hist) == {("0", "graph0", "uploaded"), ("0", "graph1", "uploaded")}
+    for gi in (0, 1):
+        v = dur[graph == gi]
+        h = s.untraced_hist[("0", f"graph{gi}", "uploaded")]
+        assert h.count == len(v) and h.sum_ns == int(v.sum())  # exact, two windows cumulated
+        cum = np.cumsum(h.counts)
+        assert cum.tolist() == [int((v <= b).sum()) for b in UNTRACED_BUCKETS_NS] + [len(v)]
+    assert s.values_out_of_range_total.get("untraced", 0) == 0
+
+
+def test_untraced_rows_of_an_unknown_graph_are_counted_under_unknown_and_bad_durations_counted():
+    agg = Aggregator()
+    t = synthetic_trace(n_graphs=1)
+    # -1 and an index past the window's graphs are unknown graphs; 0 and < 0 ns are not replay times
+    agg.ingest(window(t, untraced=untraced([-1, -1, 7, 0, 0, 0], [500_000, 600_000, 700_000, 800_000, 0, -5])))
+    s = agg.snapshot()
+    unknown = s.untraced_hist[("0", "unknown", "unknown")]
+    assert unknown.count == 3 and unknown.sum_ns == 1_800_000
+    assert s.untraced_hist[("0", "graph0", "uploaded")].count == 1
+    assert s.values_out_of_range_total["untraced"] == 2
+    assert s.graphs[("0", "unknown")].graph_key == ""  # listed in /graphs, never a detail graph
+    assert ("0", "unknown") not in s.detail_graphs
+
+
+def test_an_empty_untraced_window_changes_nothing():
+    from prometheus_client.exposition import generate_latest
+
+    from graphmon.export.collector import make_registry
+
+    a, b = Aggregator(), Aggregator()
+    a.ingest(window(synthetic_trace(n_graphs=2)))
+    b.ingest(window(synthetic_trace(n_graphs=2), untraced=untraced([], [])))
+    sa, sb = a.snapshot(), b.snapshot()
+    assert not sb.untraced_hist and not sb.untraced_summary and sa.graphs == sb.graphs
+    for level in ("low", "standard", "full"):
+        assert generate_latest(make_registry(lambda: [sa], cardinality=level)) == generate_latest(
+            make_registry(lambda: [sb], cardinality=level))
+    b.ingest(window(synthetic_trace(n_graphs=2), ended_s=1_800_000_001.0, untraced=untraced([1, 1], [3_000, 4_000])))
+    before = b.snapshot()
+    b.ingest(window(synthetic_trace(n_graphs=2), ended_s=1_800_000_002.0))
+    after = b.snapshot()
+    assert after.untraced_hist == before.untraced_hist and after.untraced_summary == before.untraced_summary
+
+
+def test_untraced_rows_of_a_graph_without_kernels_take_its_device_and_keep_the_traced_timestamp():
+    import time as _time
+    from dataclasses import replace
+
+    now = _time.time()
+    t = _plus_graph(synthetic_trace(n_graphs=1, device=2))
+    agg = Aggregator()
+    agg.ingest(window(t, ended_s=now, untraced=untraced([1, 1], [90_000, 110_000])))
+    s = agg.snapshot()
+    # no replay and no launch of it in the window: the device of the rank's series
+    assert s.untraced_hist[("2", "burst_only", "lazy")].count == 2
+    assert ("2", "burst_only") in s.graphs and ("2", "burst_only", "lazy") not in s.graph_last_sampled_s
+    # a launch record of the graph on another device says where it ran
+    launches = {**{k: np.asarray(v)[:0] for k, v in t.launches.items()}}
+    launches.update(correlation_id=np.array([999], np.int64), device=np.array([5], np.int32),
+                    graph=np.array([1], np.int32), launch_ns=np.array([-1], np.int64),
+                    stream=np.array([-1], np.int64), label=np.array([-1], np.int32))
+    agg2 = Aggregator()
+    agg2.ingest(window(replace(t, launches=launches), ended_s=now, untraced=untraced([1], [90_000])))
+    assert set(agg2.snapshot().untraced_hist) == {("5", "burst_only", "lazy")}
+
+
+def test_untraced_series_expire_on_their_own_clock():
+    """A graph timed untraced keeps its untraced series and its slot while its traced series
+    expire (the alert rules read the traced last-sampled time: untraced rows never refresh it)."""
+    import time as _time
+
+    now = _time.time()
+    agg = Aggregator(stale_after_s=30)
+    t = synthetic_trace(n_graphs=2)
+    agg.ingest(window(t, ended_s=now - 20))
+    agg.ingest(window(t.select(t.graph == 1), ended_s=now, untraced=untraced([0], [500_000])))
+    s = agg.snapshot()
+    assert s.graph_last_sampled_s[("0", "graph0", "uploaded")] == now - 20
+    agg.stale_after_s = 10
+    assert agg.refresh_if_changed()
+    s = agg.snapshot()
+    assert ("0", "graph0", "uploaded") not in s.replay_hist and ("0", "graph0", "uploaded") not in s.graph_last_sampled_s
+    assert s.untraced_hist[("0", "graph0", "uploaded")].count == 1 and ("0", "graph0") in s.graphs
+    agg.stale_after_s = 1e-3
+    _time.sleep(0.01)
+    assert agg.refresh_if_changed()
+    s = agg.snapshot()
+    assert not s.untraced_hist and not s.untraced_summary and not s.graphs

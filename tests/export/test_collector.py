@@ -2,6 +2,7 @@
 
 import subprocess
 
+import numpy as np
 import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -11,7 +12,7 @@ from graphmon.export.collector import make_registry
 from graphmon.export.exposition import render_text
 from graphmon.model.trace import GraphInfo
 from graphmon.export.aggregator import Aggregator
-from graphmon.model.window import SourceHealth, Window
+from graphmon.model.window import SourceHealth, Window, no_untraced
 from graphmon.formats.read import read_trace
 from graphmon.sources.replay import ReplaySource
 
@@ -26,7 +27,11 @@ def golden_text() -> str:
     agg = Aggregator(backend_info={"backend": "replay", "version": "1", "source": "golden"})
     for i in range(2):
         w = src.next_window()
-        agg.ingest(Window(trace=w.trace, started_s=1_800_000_000.0 + i, ended_s=1_800_000_000.5 + i))
+        # the second window carries untraced replay times of a detail graph (and one of an unknown graph)
+        gi = w.trace.graph_names().index("decode_bs2/upload")
+        untraced = {"graph": np.array([gi, gi, gi, -1], np.int32),
+                    "duration_ns": np.array([612_000, 648_500, 2_250_000, 700_000], np.int64)} if i else no_untraced()
+        agg.ingest(Window(trace=w.trace, started_s=1_800_000_000.0 + i, ended_s=1_800_000_000.5 + i, untraced=untraced))
     return generate_latest(make_registry(agg.snapshots)).decode()
 
 

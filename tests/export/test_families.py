@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
@@ -23,8 +24,8 @@ from helpers import AgentClient, deploy_result, many_graphs, wait_until
 BUDGET = 300  # series per rank at the default settings (issue 38)
 # Counted below and in docs/reliability.md ("Series and cardinality"): one rank with 64 graphs on
 # 4 streams (launch times and the observer slowdown known, as from a live collector), the agent's
-# per-rank families included, no deploy verdict.
-PER_RANK = {"low": 161, "standard": 245, "full": 18_253}
+# per-rank families included, untraced replay times for every graph, no deploy verdict.
+PER_RANK = {"low": 162, "standard": 268, "full": 20_046}
 DEPLOY_STANDARD = 3 + 2 * 13  # per (rank, reference): age, left out, regressed + 2 graphs x 13 (14 with untraced)
 
 
@@ -51,6 +52,13 @@ def bodies():
                 c.s.sendall(encode_window(Window(trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(),
                                                  observer_slowdown=1.02)))
             assert wait_until(lambda: agent.snapshots() and agent.snapshots()[0].windows_total == 2, timeout=20)
+            # Untraced replay times of every graph, as the collector's bursts time them (given to the
+            # rank's aggregator: what the wire carries is the collector's layer).
+            n = len(many_graphs().graphs)
+            agent.ranks["0"].aggregator.ingest(Window(
+                trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(), observer_slowdown=1.02,
+                untraced={"graph": np.repeat(np.arange(n, dtype=np.int32), 3),
+                          "duration_ns": np.tile(np.array([400_000, 600_000, 5_000_000], np.int64), n)}))
             out[level] = render_metrics(agent).decode()
         finally:
             agent.stop()
@@ -60,7 +68,7 @@ def bodies():
 def test_series_per_rank_at_each_level(bodies):
     counts = {level: per_rank(text)["0"] for level, text in bodies.items()}
     assert counts == PER_RANK
-    assert counts["standard"] + DEPLOY_STANDARD <= BUDGET
+    assert counts["standard"] + DEPLOY_STANDARD + 2 <= BUDGET  # + the untraced shift of 2 graphs, once measured
     # the other graphs are counted, not dropped silently
     assert 'graphmon_graphs{detail="false",rank="0"} 62.0' in bodies["standard"]
     assert 'graphmon_graphs{detail="true",rank="0"} 64.0' in bodies["full"]
@@ -88,6 +96,33 @@ def test_standard_keeps_the_fixed_families_for_its_detail_graphs(bodies):
     assert {s.labels["quantile"] for s in gq} == {"0.5", "0.9"} and not [s for s in gq if "quantile" not in s.labels]
     modes = {s.labels["upload_mode"] for s in fams["graphmon_graph_info"].samples}
     assert modes == {"uploaded", "lazy"}
+
+
+def test_untraced_replay_time_for_the_detail_graphs_at_standard_every_graph_at_full_none_at_low(bodies):
+    """graphmon_replay_untraced_seconds: labelled like the traced per-graph replay families, with
+    the half-decade standard buckets (8 bounds, re-binned exactly from the full counts)."""
+    def untraced(level):
+        return {f.name: f for f in parse_text(bodies[level])}.get("graphmon_replay_untraced_seconds")
+
+    assert untraced("low") is None
+    std, full = untraced("standard").samples, untraced("full").samples
+    assert {tuple(sorted(s.labels)) for s in std if s.name.endswith("_count")} == {
+        ("device", "graph", "rank", "upload_mode")}
+    gpu = {f.name: f for f in parse_text(bodies["standard"])}["graphmon_replay_gpu_seconds"].samples
+    detail = {s.labels["graph"] for s in gpu}
+    assert {s.labels["graph"] for s in std} == detail and len(detail) == 2
+    assert [s.labels["le"] for s in std if "le" in s.labels][:9] == [
+        "3e-05", "0.0001", "0.0003", "0.001", "0.003", "0.01", "0.03", "0.1", "+Inf"]
+    assert len({s.labels["graph"] for s in full}) == 64
+    assert len({s.labels["le"] for s in full if "le" in s.labels}) == 26  # 25 bounds + +Inf
+    for samples in (std, full):  # 3 replays a graph: 0.4 ms, 0.6 ms, 5 ms
+        for s in samples:
+            if s.name.endswith("_count"):
+                assert s.value == 3
+            elif s.name.endswith("_sum"):
+                assert s.value == pytest.approx(0.006, rel=1e-12)
+            elif s.labels["le"] in ("0.0003", "0.001", "0.003", "0.01"):
+                assert s.value == {"0.0003": 0, "0.001": 2, "0.003": 2, "0.01": 3}[s.labels["le"]]
 
 
 def test_low_has_no_histograms_and_full_every_graph(bodies):

@@ -20,7 +20,7 @@ from graphmon.sources.replay import ReplaySource
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 LOCAL = ("127.0.0.1", 50000)  # TestClient as a loopback client (/capture and /trace need loopback or a token)
-from helpers import NATIVE, synthetic_trace, window
+from helpers import NATIVE, synthetic_trace, untraced, window
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +192,29 @@ def test_mountable_in_an_existing_app():
     host.mount("/graphmon", ex.app)
     c = TestClient(host, client=LOCAL)
     assert "graphmon_windows_total" in c.get("/graphmon/metrics").text
+
+
+def test_status_and_graphs_give_untraced_quantiles_numpy_would_and_null_before_any():
+    """/status (per graph of the last window) and /graphs (every graph, the unknown one too): count,
+    mean, p10/p50/p90/p99 in seconds of the untraced replays, equal to numpy's on the same rows;
+    null for a graph with none yet, never a 0."""
+    ex, c = make(synthetic_trace())
+    t = synthetic_trace(n_graphs=2)
+    ex.aggregator.ingest(window(t))
+    assert [g["untraced_replay_seconds"] for g in c.get("/status").json()["graphs"]] == [None, None]
+    assert [g["untraced_replay_seconds"] for g in c.get("/graphs").json()] == [None, None]
+    rng = np.random.default_rng(7)
+    dur = rng.integers(40_000, 3_000_000, 1_001)
+    ex.aggregator.ingest(window(t, ended_s=1_800_000_001.0, untraced=untraced([1] * 1_000 + [-1], dur)))
+    want = dict(zip(("p10", "p50", "p90", "p99"), np.quantile(dur[:1_000], [0.1, 0.5, 0.9, 0.99]) * 1e-9))
+    want.update(count=1_000, mean=dur[:1_000].mean() * 1e-9)
+    st = {g["graph"]: g["untraced_replay_seconds"] for g in c.get("/status").json()["graphs"]}
+    assert st["graph0"] is None and st["graph1"] == pytest.approx(want, rel=1e-12)
+    listed = {g["graph"]: g for g in c.get("/graphs").json()}
+    assert listed["graph1"]["untraced_replay_seconds"] == st["graph1"] and listed["graph0"]["untraced_replay_seconds"] is None
+    unknown = listed["unknown"]
+    assert unknown["untraced_replay_seconds"]["count"] == 1 and unknown["detail"] is False
+    assert unknown["untraced_replay_seconds"]["p50"] == pytest.approx(dur[-1] * 1e-9)
 
 
 def test_eight_parallel_scrapers_while_ingesting(real_trace):

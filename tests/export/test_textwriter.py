@@ -18,12 +18,13 @@ from graphmon.formats.read import read_trace
 from graphmon.model.trace import GraphInfo
 
 from _promutil import require_binary
-from helpers import KINETO, NATIVE, synthetic_trace, window
+from helpers import KINETO, NATIVE, synthetic_trace, untraced, window
 
 
 def _snapshots():
     a = Aggregator(rank="0", backend_info={"backend": "replay", "source": 'a "quoted"\nname\\'})
-    a.ingest(window(read_trace(NATIVE, progress=False), observer_slowdown=1.25))
+    a.ingest(window(read_trace(NATIVE, progress=False), observer_slowdown=1.25,
+                    untraced=untraced([0, 1, 1, 2, -1], [52_000, 640_000, 1_250_001, 99_000_000, 700])))
     # the same backend keys: the adapter merges graphmon_collector_info label sets across snapshots
     # (one registry), the writer writes each rank's own (per-rank pieces, as the agent always did)
     b = Aggregator(rank="1", backend_info={"backend": "replay", "source": "kineto"})
@@ -32,7 +33,7 @@ def _snapshots():
     t = t.with_graphs([GraphInfo(key=f"g{i}", graph_id=i, label=f'we"ird\\lab\nel \u00fc{i}', upload_mode="lazy")
                        for i in (1, 2, 3)])
     c = Aggregator(rank="2", backend_info={"backend": "none", "source": ""})
-    c.ingest(window(t))
+    c.ingest(window(t, untraced=untraced([0, 2, 2], [30_000, 100_000, 100_001])))
     return [a.snapshot(), b.snapshot(), c.snapshot()]
 
 
@@ -48,7 +49,8 @@ def _written(level, fmt, snaps=SNAPS):
 @pytest.mark.parametrize("level", families.LEVELS)
 def test_written_bytes_are_prometheus_clients(level, fmt):
     """Label values that need escaping (quote, backslash, newline, UTF-8), three ranks from three
-    sources (the bundled CUPTI trace, Kineto with launch times, a synthetic one with overlaps)."""
+    sources (the bundled CUPTI trace, Kineto with launch times, a synthetic one with overlaps), two
+    with untraced replay times (values on bucket bounds, an unknown graph)."""
     reg = make_registry(lambda: SNAPS, cardinality=level)
     want = generate_latest(reg) if fmt == TEXT else generate_openmetrics(reg)
     assert _written(level, fmt) == want

@@ -6,7 +6,8 @@ Two graphmon processes, as on a host with one exporter per GPU process:
   graphs, a 1000-kernel chain); rank 1 replays the Kineto fixture, the source that knows CPU launch
   times, so the launch-latency panel has data too.
 The only series allowed to be absent are those a replay cannot have (ABSENT_IN_E2E: the observer
-slowdown, which needs a live observer), and the test asserts they are really absent rather than
+slowdown, which needs a live observer, and the untraced replay time, which needs a live collector
+timing launches with tracing off), and the test asserts they are really absent rather than
 silently tolerating any empty query.
 """
 
@@ -42,8 +43,11 @@ SCRAPE_S = 1
 RATE_WINDOW = "30s"  # what $__rate_interval becomes: many scrapes at 1 s
 STARTUP_DEADLINE_S = 40
 KINETO_FIXTURE = ROOT / "tests" / "data" / "h200-kineto-decode-shapeA.json.gz"
-# A replay has no live observer, so its overhead is unknown and the gauge is absent by contract.
-ABSENT_IN_E2E = {"graphmon_observer_slowdown_ratio"}
+# A replay has no live observer, so its overhead is unknown and the gauge is absent by contract; a
+# recorded trace was timed traced, so it has no untraced replay time either (the histogram's HELP
+# and TYPE are there, no series: tests/deploy/test_dashboards.py finds the panel's series in an
+# agent's render, and the promtool test there runs the panel's queries on them).
+ABSENT_IN_E2E = {"graphmon_observer_slowdown_ratio", "graphmon_replay_untraced_seconds"}
 # Fleet metrics (docs/briefs: agent and export layers, built in parallel with the dashboards).
 # While a build does not export one of them at all, queries on it are skipped with that reason;
 # as soon as `graphmon serve` exports it, its panels are checked like every other.
@@ -224,7 +228,8 @@ def test_queries_reference_only_exported_metrics(stack):
     for rule in load_alert_rules():
         for m in referenced_metrics(rule["expr"]):
             used.setdefault(m, f"alert {rule['alert']}")
-    missing = {m: where for m, where in used.items() if m not in exported and m not in ABSENT_IN_E2E | AGENT_ONLY_METRICS}
+    missing = {m: where for m, where in used.items()
+               if m not in exported and family_of(m) not in ABSENT_IN_E2E and m not in AGENT_ONLY_METRICS}
     assert not missing, f"queries use metrics graphmon does not export: {missing}"
     # The allowed-absent ones are absent from a replay, but spelled as graphmon's collector spells them.
     collector_source = (ROOT / "graphmon" / "export" / "families.py").read_text()
@@ -298,6 +303,8 @@ def test_selecting_one_graph_filters_every_decode_panel(stack):
             continue  # the uploaded/lazy ratio needs both twins selected
         if {m for m in referenced_metrics(expr) if m in AGENT_ONLY_METRICS} - _exported(metrics_text):
             continue  # the deploy verdict's panels: tests/system/test_deploy_e2e.py
+        if {family_of(m) for m in referenced_metrics(expr)} & ABSENT_IN_E2E:
+            continue  # absent from a replay (test_every_panel_query_returns_series checks they are)
         narrowed = expand(expr.replace("$graph", chosen), names, RATE_WINDOW)
         if 'kind="launch_latency"' in expr:
             assert prom.query(narrowed) == [], "the bundled trace (where this graph is) has no launch times"
