@@ -31,6 +31,7 @@ HISTOGRAMS = {
     "graphmon_replay_idle_seconds",
     "graphmon_launch_latency_seconds",
     "graphmon_inter_replay_gap_seconds",
+    "graphmon_replay_untraced_seconds",  # issue 36: replays timed with kernel tracing off (the fleet rules)
 }
 OTHER_SAMPLES = {
     "graphmon_kernel_gap_negative_total",
