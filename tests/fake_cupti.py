@@ -59,6 +59,9 @@ class Kernel:
     duration_ns: int
     gap_ns: int  # idle time on its stream before it starts
     name: str = "k"
+    # idle time added before it only while kernel tracing is on: a cost of the observer alone
+    # (an event-record node that tracing serialises), absent from an untraced replay
+    traced_gap_ns: int = 0
 
 
 class FakeCupti:
@@ -357,7 +360,7 @@ class FakeCupti:
                 time.sleep(spread)
                 self.lock.acquire()
                 tracing = self.activity
-            t = t_stream.get(k.stream, base) + int(k.gap_ns * f)
+            t = t_stream.get(k.stream, base) + int(k.gap_ns * f) + (k.traced_gap_ns if tracing else 0)
             e = t + int(k.duration_ns * f)
             t_stream[k.stream] = e
             end_all = max(end_all, e)

@@ -1,22 +1,27 @@
 """A rolling update of engine pods across two nodes, on the GPU: does the fleet deploy verdict
 (dashboards/alerts.yml, group graphmon-fleet) page for the build that made decode slower, and only
-for it, as the untraced replay time says? (issue 35; the CPU twin is tests/system/test_fleet_e2e.py)
+for it, as the untraced replay time says? (issues 35, 36; the CPU twin is tests/system/test_fleet_e2e.py)
 
-    python bench/deploy/fleet.py --out DIR --prometheus PATH   # H200: real decode graphs, ~7 min
-    python bench/deploy/fleet.py --out DIR --dry-run           # CPU: fake torch + CUPTI (tests/fake_site), < 1 min
-(on the device: cupti wheels from .whl/, Prometheus from .prom/prometheus.xz, as scripts/gpu_check.sh's deploy)
+    python bench/deploy/fleet.py --out DIR --prometheus PATH   # H200: real decode graphs, ~2 min a workload
+    python bench/deploy/fleet.py --out DIR --dry-run           # CPU: fake torch + CUPTI (tests/fake_site), ~1 min
+(on the device: cupti wheels from .whl/, Prometheus from .prom/prometheus.xz, as scripts/gpu_check.sh's deploy;
+five workloads do not fit one 10-minute device call: --workloads widened,identical,rollback then eventrec,plus1)
 
 Two `graphmon agent`s (two ports and sockets) are two nodes' DaemonSet agents; a real Prometheus
-scrapes both (honor_labels, as the PodMonitor) with the shipped rules. Three workloads of 2 pods
-(one per node), rolled from build a to b node by node (b's pod up, then a's pod on that node down):
-``widened`` (a: examples' decode model; b: the same with a tiny device-to-device copy node after
-every kernel, deploy_restart.py's ``--memcpy``), ``identical`` (a -> a': a new pod-template-hash of
-the same model), ``rollback`` (a: memcpy -> b: original). A pod is one process with the downward-API
-variables of the manifests (namespace, pod ``<workload>-<hash>-n<node>``, container, template hash):
-it captures its graph (labelled ``decode_bs1`` in every process), measures its UNTRACED truth
-before graphmon attaches (CUDA events around each of ``--truth-replays`` g.replay(), a synchronize
-per replay as a decode step waits for its token: DIR/pods/<pod>.json), then attaches to its node's
-agent (GRAPHMON_AGENT + graphmon.attach, windows of 4 launches every ``--interval-s``) and replays.
+scrapes both (honor_labels, as the PodMonitor) with the shipped rules. Five workloads of 2 pods
+(one per node), rolled from build a to b node by node (b's pod up, then a's pod on that node down),
+builds as in bench/common/fleet_pods.py: ``widened`` (a: examples' decode model; b: the same with a
+tiny device-to-device copy node after every kernel), ``identical`` (a -> a': a new pod-template-hash
+of the same model), ``rollback`` (a: memcpy -> b: original), and issue 36's acceptance:
+``eventrec`` (b: an event-record node on the main stream of 3 layers: faster untraced, wider gaps
+traced: must not page) and ``plus1`` (b: one more kernel per replay of 1% of the pod's own untraced
+replay, timed: must page, within 3 minutes). A pod is one process with the downward-API variables
+of the manifests (namespace, pod ``<workload>-<hash>-n<node>``, container, template hash): it
+captures its graph (labelled ``decode_bs1`` in every process), measures its UNTRACED truth before
+graphmon attaches (CUDA events around each of ``--truth-replays`` g.replay(), a synchronize per
+replay as a decode step waits for its token: DIR/pods/<pod>.json), then attaches to its node's
+agent (GRAPHMON_AGENT + graphmon.attach, windows of 4 launches every ``--interval-s``, untraced
+bursts at graphmon's defaults) and replays.
 
 One GPU: processes time-slice, putting other pods' kernels inside a replay's gaps and event time.
 So each pod's GPU work (setup + truth, each batch of 8 replays + synchronize) holds one file lock
@@ -25,20 +30,22 @@ So each pod's GPU work (setup + truth, each batch of 8 replays + synchronize) ho
 
 Time compression, in this Prometheus's copy of the rules only (stated in the JSON): the fleet rules'
 ``[5m]`` are ``--rate-window`` s (the Argo AnalysisTemplate's query too) and the alert's ``for: 5m``
-is ``--for-s`` s; every threshold and every other rule as shipped: ``page_deadline_s`` = window + for.
+is ``--for-s`` s; every threshold and every other rule as shipped: ``page_deadline_s`` = window + for
+(and at most 180 s). The shipped rules (5 + 5 minutes) cannot page within 3 minutes.
 
-DIR/deploy-fleet.json per workload: builds (hash, memcpy, pods with their untraced medians), the
+DIR/deploy-fleet.json per workload: builds (hash, kind, pods with their untraced medians), the
 untraced median replay per build and the ratio b/a, whether and when (s after b's first pod started)
-GraphmonFleetDeployRegression fired, fleet:graphmon_deploy_regression per build, the Argo query's
-result while both builds served, and ``verdict_agrees_with_untraced``: paged within the deadline iff
-b's untraced replay is slower than a's by more than the noise measured in this run (the identical
-workload's |b/a - 1|, any build's pod-to-pod spread). DIR/deploy-fleet.md: the table.
+GraphmonFleetDeployRegression fired and its kind/untraced labels, fleet:graphmon_deploy_regression
+and fleet:graphmon_deploy_observer_only per build, whether both builds had untraced series
+(``untraced_both``: else the traced rule alone decides), the Argo query's result while both builds
+served, and ``verdict_agrees_with_untraced``: paged within the deadline iff b's untraced replay is
+slower than a's by more than the noise measured in this run (the identical workload's |b/a - 1|,
+any build's pod-to-pod spread). DIR/deploy-fleet.md: the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -50,7 +57,6 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -58,97 +64,17 @@ if not __package__:  # run as a file: import bench.* and graphmon from this chec
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common.agentload import free_port  # noqa: E402
+from bench.common.fleet_pods import GRAPH, main_pod  # noqa: E402
 from bench.deploy.deploy_restart import _get  # noqa: E402
 
 DEVICE = "gpu"  # CI imports it and asks --help; --dry-run: tests/bench/deploy/test_fleet.py
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SELF)))
-NAMESPACE, ALERT, GRAPH = "fleet", "GraphmonFleetDeployRegression", "decode_bs1"  # GRAPH: the label of every pod's graph
-WORKLOADS = {"widened": (False, True), "identical": (False, False), "rollback": (True, False)}  # memcpy of a, b
-KIND = {False: "original", True: "memcpy"}
-
-
-# ---------------------------------------------------------------------- an engine pod (its own process)
-@contextmanager
-def gpu_turn(lock, wanted: str = ""):
-    """This pod's turn on the GPU (no other pod's kernels run meanwhile). ``wanted``: a file saying
-    so until the turn is taken: serving pods let a starting pod in (flock is not fair)."""
-    if wanted:
-        open(wanted, "w").close()
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        if wanted:
-            os.unlink(wanted)
-        yield
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def engine(dry_run: bool, memcpy: bool):
-    """(replay, timed_replay_ms, synchronize, exec handle, pause between turns) of this build's graph."""
-    if dry_run:  # tests/fake_site: the fake GPU runs the graph on its clock; memcpy = +1.5 us per gap
-        os.environ["FAKE_EXTRA_GAP_NS"] = "1500" if memcpy else "0"
-        import torch
-        from cupti import cupti as gpu
-        from fake_cupti import FakeEvents
-
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            pass
-        ev = FakeEvents(gpu)
-        e0, e1 = ev.create(), ev.create()
-
-        def timed() -> float:
-            ev.record(e0, 7), g.replay(), ev.record(e1, 7)
-            return ev.elapsed_ms(None, e0, e1)
-
-        return g.replay, timed, lambda: None, g.h, 0.01  # pause: a CPU shared by many fake pods
-    import torch
-
-    from graphmon.gpu.workloads import DecodeModel, capture
-
-    model = DecodeModel(memcpy=memcpy)
-    r = capture(GRAPH, model.step, model.input(1), "uploaded")
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def timed() -> float:
-        e0.record()
-        r.replay()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1)
-
-    return r.replay, timed, torch.cuda.synchronize, r.exec_handle, 0.001
-
-
-def pod(a) -> int:
-    import graphmon
-
-    parent, wanted_dir = os.getppid(), os.path.join(os.path.dirname(a.lock), "gpu.wanted")
-    with open(a.lock, "a+") as lock:
-        with gpu_turn(lock, os.path.join(wanted_dir, os.environ["GRAPHMON_POD_NAME"])):
-            replay, timed, sync, handle, pause_s = engine(a.dry_run, a.memcpy)
-            graphmon.label_graph(handle, name=GRAPH, batch_size=1)  # one name in every process of any build
-            ms = [timed() for _ in range(a.truth_replays + 10)][10:]  # untraced: graphmon not attached yet
-        p10, p50, p90 = (float(x) for x in np.percentile(ms, [10, 50, 90]))
-        truth = {"pod": os.environ["GRAPHMON_POD_NAME"], "memcpy": a.memcpy, "replays": len(ms), "median_ms": p50,
-                 "p10_ms": p10, "p90_ms": p90, "ms": [round(x, 6) for x in ms]}
-        with open(a.truth + ".tmp", "w") as fh:
-            json.dump(truth, fh)
-        os.replace(a.truth + ".tmp", a.truth)
-        graphmon.attach(interval_s=a.interval_s, first_window_s=0.0, window_launches=4, max_traced_share=1.0)
-        t_end = time.monotonic() + a.seconds
-        while not os.path.exists(a.stop) and time.monotonic() < t_end and os.getppid() == parent:
-            t_wait = time.monotonic() + 5  # a pod is starting: it goes first (5 s at most: one that died waiting)
-            while os.listdir(wanted_dir) and time.monotonic() < t_wait:
-                time.sleep(0.005)
-            with gpu_turn(lock):
-                for _ in range(8):
-                    replay()
-                sync()
-            time.sleep(pause_s)  # lets another pod take its turn
-    graphmon.detach()
-    return 0
+NAMESPACE, ALERT = "fleet", "GraphmonFleetDeployRegression"
+# build kinds of a and b (bench/common/fleet_pods.py BUILDS); the last two are issue 36's acceptance
+WORKLOADS = {"widened": ("original", "memcpy"), "identical": ("original", "original"), "rollback": ("memcpy", "original"),
+             "eventrec": ("long", "eventrec"), "plus1": ("long", "plus1")}
+PLUS1_PAGE_S = 180  # plus1 pages within 3 minutes of b's first pod (issue 36), and within the deadline
 
 
 # ---------------------------------------------------------------------- the fleet: agents, Prometheus, pods
@@ -239,14 +165,14 @@ class Fleet:
         return time.time() - self.t0
 
     # -- pods
-    def start_pod(self, workload: str, h: str, node: int, memcpy: bool) -> str:
+    def start_pod(self, workload: str, h: str, node: int, kind: str) -> str:
         name = f"{workload}-{h}-n{node}"
         env = {**self.env, "GRAPHMON_AGENT": self.agents[node][1], "GRAPHMON_POD_NAMESPACE": NAMESPACE,
                "GRAPHMON_POD_NAME": name, "GRAPHMON_POD_TEMPLATE_HASH": h, "GRAPHMON_CONTAINER_NAME": "engine",
                **({"GRAPHMON_CUPTI_API": "cupti:cupti"} if self.args.dry_run else {})}
         cmd = [sys.executable, SELF, "pod", "--truth", self.pod_file(name, "json"), "--stop", self.pod_file(name, "stop"),
                "--lock", self.lock_path, "--interval-s", str(self.args.interval_s),
-               "--truth-replays", str(self.args.truth_replays)] + (["--memcpy"] if memcpy else []) \
+               "--truth-replays", str(self.args.truth_replays), "--build", kind] \
             + (["--dry-run"] if self.args.dry_run else [])
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=self._log(name), stderr=subprocess.STDOUT)
         return name
@@ -309,21 +235,26 @@ def rollout(fleet: Fleet, workload: str) -> dict:
     """A rolling update of one workload from build a to b, node by node, and what paged."""
     args, deadline_s = fleet.args, fleet.args.rate_window + fleet.args.for_s
     # each build's pod-template-hash (one per pod spec, as a ReplicaSet's: a' of identical gets its own)
-    memcpy, hashes = dict(zip("ab", WORKLOADS[workload])), {b: f"{workload[:4]}{b}5c8" for b in "ab"}
-    builds = {b: {"hash": hashes[b], "memcpy": memcpy[b], "pods": {}} for b in "ab"}
-    res, pods, fired_at, regression = {"workload": workload, "started_s": fleet.now(), "builds": builds}, [], [], {}
+    kinds, hashes = dict(zip("ab", WORKLOADS[workload])), {b: f"{workload[:4]}{b}5c8" for b in "ab"}
+    builds = {b: {"hash": hashes[b], "kind": kinds[b], "pods": {}} for b in "ab"}
+    res, pods, fired_at = {"workload": workload, "started_s": fleet.now(), "builds": builds}, [], []
+    regression, observer_only, untraced_seen = {}, {}, set()
     stop = threading.Event()
 
     def up(build: str, nodes: tuple) -> None:  # pods of the build on the nodes, once they measured their truth
-        pods.extend(new := [fleet.start_pod(workload, hashes[build], n, memcpy[build]) for n in nodes])
+        pods.extend(new := [fleet.start_pod(workload, hashes[build], n, kinds[build]) for n in nodes])
         builds[build]["pods"].update((name, fleet.truth(name)) for name in new)
 
-    def watch() -> None:  # the alert and the fleet verdict per build, every second from b's first pod on
+    def watch() -> None:  # the alert, the fleet verdict and its untraced side per build, every second from b's first pod on
+        sel = f'{{workload="{workload}"}}'
         while not stop.wait(1):
             for a in fleet.firing(workload)[:1]:
                 fired_at[:] = fired_at or [(time.time() - t_b, a)]
-            for r in fleet.query(f'fleet:graphmon_deploy_regression{{workload="{workload}"}}'):
-                regression.setdefault(r["metric"]["build"], []).append(float(r["value"][1]))
+            for name, into in (("fleet:graphmon_deploy_regression", regression), ("fleet:graphmon_deploy_observer_only",
+                                                                                 observer_only)):
+                for r in fleet.query(name + sel):
+                    into.setdefault(r["metric"]["build"], []).append(float(r["value"][1]))
+            untraced_seen.update(r["metric"]["build"] for r in fleet.query(f"fleet:graphmon_replays_untraced:rate5m{sel} > 0.1"))
 
     watcher = threading.Thread(target=watch, daemon=True)
 
@@ -354,8 +285,11 @@ def rollout(fleet: Fleet, workload: str) -> dict:
     watcher.join(30)
     res.update(page_deadline_s=deadline_s, fired=bool(fired_at), fired_after_s=round(fired_at[0][0], 1) if fired_at
                else None, alert=fired_at[0][1] if fired_at else None, newest_build=newest,
-               paged_within_deadline=bool(fired_at) and fired_at[0][0] <= deadline_s,
-               deploy_regression={h: {"last": v[-1], "max": max(v), "samples": len(v)} for h, v in regression.items()})
+               paged_within_deadline=bool(fired_at) and fired_at[0][0] <= min(deadline_s, PLUS1_PAGE_S),
+               deploy_regression={h: {"last": v[-1], "max": max(v), "samples": len(v)} for h, v in regression.items()},
+               observer_only={h: {"last": v[-1], "max": max(v)} for h, v in observer_only.items()},
+               # both builds had untraced replays (graphmon_replay_untraced_seconds): the verdict could ask them
+               untraced_series=sorted(untraced_seen), untraced_both=set(hashes.values()) <= untraced_seen)
     for b in builds.values():
         medians = [p["median_ms"] for p in b["pods"].values()]
         b.update(untraced_median_ms=float(np.median(np.concatenate([p.pop("ms") for p in b["pods"].values()]))),
@@ -380,15 +314,16 @@ def table(doc: dict) -> str:
     lines = [f"# deploy_fleet: {'dry run (fake GPU)' if doc['dry_run'] else 'GPU'}", "",
              f"`{doc['command']}`; {doc['prometheus']}; page deadline {doc['page_deadline_s']:g} s "
              f"(the shipped 10 minutes); untraced noise {doc['noise_ratio']:.4f}.", "",
-             "| workload | a -> b | untraced median ms a / b (b/a) | paged (s after b's first pod) | "
-             "fleet:graphmon_deploy_regression (b) | Argo query while both served | agrees with untraced |",
-             "|---|---|---|---|---|---|---|"]
+             "| workload | a -> b | untraced median ms a / b (b/a) | untraced series both builds | paged (s after b's "
+             "first pod), kind | fleet:graphmon_deploy_regression (b) | observer_only (b) | Argo query while both served "
+             "| agrees with untraced |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["workloads"]:
-        a, b = r["builds"]["a"], r["builds"]["b"]
+        a, b, al = r["builds"]["a"], r["builds"]["b"], r["alert"] or {}
         reg = r["deploy_regression"].get(b["hash"], {}).get("last")
-        lines.append(f"| {r['workload']} | {KIND[a['memcpy']]} -> {KIND[b['memcpy']]} | {a['untraced_median_ms']:.4f} / "
-                     f"{b['untraced_median_ms']:.4f} ({r['untraced_ratio_b_a']:.3f}) | "
-                     f"{'yes, ' + format(r['fired_after_s'], 'g') if r['fired'] else 'no'} | {reg} | "
+        fired = f"yes, {r['fired_after_s']:g}, {al.get('kind')}/{al.get('untraced')}" if r["fired"] else "no"
+        lines.append(f"| {r['workload']} | {a['kind']} -> {b['kind']} | {a['untraced_median_ms']:.4f} / "
+                     f"{b['untraced_median_ms']:.4f} ({r['untraced_ratio_b_a']:.3f}) | {r['untraced_both']} | {fired} | "
+                     f"{reg} | {r['observer_only'].get(b['hash'], {}).get('max')} | "
                      f"{r.get('argo_regressed_graphs')} | {r['verdict_agrees_with_untraced']} |")
     return "\n".join(lines + [""])
 
@@ -453,15 +388,8 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["pod"]:
-        ap = argparse.ArgumentParser(prog="fleet.py pod")
-        for flag in ("--truth", "--stop", "--lock"):
-            ap.add_argument(flag, required=True)
-        for flag in ("--memcpy", "--dry-run"):
-            ap.add_argument(flag, action="store_true")
-        for flag, typ, default in (("--interval-s", float, 1.0), ("--truth-replays", int, 300), ("--seconds", float, 600.0)):
-            ap.add_argument(flag, type=typ, default=default)
-        return pod(ap.parse_args(argv[1:]))
+    if argv[:1] == ["pod"]:  # an engine pod (bench/common/fleet_pods.py), started by Fleet.start_pod
+        return main_pod(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for deploy-fleet.json, deploy-fleet.md, pods/, logs/")

@@ -281,16 +281,27 @@ def agent_daemonset(image: str, engine_image: str, gid: int = SOCKET_GID) -> lis
 # ------------------------------------------------------------------ canary analysis
 def regressed_graphs_query(new: str, ref: str, window: str) -> str:
     """PromQL: how many graphs the pods selected by ``new`` regressed against those selected by
-    ``ref`` (label matchers), by the fleet verdict's net-harm rule (dashboards/alerts.yml
-    graphmon-fleet): exact means per replay over ``window``, each side >= 0.1 replays/s; 0 if none."""
-    def means(sel: str) -> tuple[str, str, str]:
-        replays = f"(sum by (graph) (rate(graphmon_replay_gpu_seconds_count{{{sel}}}[{window}])) > 0.1)"
-        return tuple(f"(sum by (graph) (rate({m}_sum{{{sel}}}[{window}])) / {replays})"
-                     for m in ("graphmon_kernel_gap_seconds", "graphmon_replay_gpu_seconds", "graphmon_replay_idle_seconds"))
+    ``ref`` (label matchers), by the fleet verdict's rule (dashboards/alerts.yml graphmon-fleet):
+    exact means per replay over ``window``, each side >= 0.1 replays/s. A graph counts when the
+    traced net-harm rule holds, unless its untraced mean (both sides) did not rise >= 1 us and
+    >= 0.5% (a widening of the observer's alone); or when its untraced mean rose >= 1 us and
+    >= 1% on its own. Without untraced replays on a side the traced rule alone decides. 0 if none."""
+    def mean(metric: str, sel: str) -> str:
+        count = metric if metric == "graphmon_replay_untraced_seconds" else "graphmon_replay_gpu_seconds"
+        return (f"(sum by (graph) (rate({metric}_sum{{{sel}}}[{window}]))"
+                f" / (sum by (graph) (rate({count}_count{{{sel}}}[{window}])) > 0.1))")
 
-    (g1, s1, i1), (g0, s0, i0) = means(new), means(ref)
-    return (f"count(\n  ({g1} - {g0} > 1e-6)\n  and (({g1} - {g0}) / {i0} > 0.02)\n"
-            f"  and (({s1} - {s0} > 1e-6) or (({i1} - {i0} > 1e-6) and ({s1} - {s0} > -1e-6)))\n) or vector(0)")
+    (g1, s1, i1, u1), (g0, s0, i0, u0) = ([mean(m, sel) for m in ("graphmon_kernel_gap_seconds", "graphmon_replay_gpu_seconds",
+                                                                  "graphmon_replay_idle_seconds", "graphmon_replay_untraced_seconds")]
+                                          for sel in (new, ref))
+    traced = (f"({g1} - {g0} > 1e-6)\n    and (({g1} - {g0}) / {i0} > 0.02)\n"
+              f"    and (({s1} - {s0} > 1e-6) or (({i1} - {i0} > 1e-6) and ({s1} - {s0} > -1e-6)))")
+
+    def untraced_rose(ratio: str) -> str:
+        return f"(({u1} - {u0} >= 1e-6) and (({u1} - {u0}) / {u0} >= {ratio}))"
+
+    return (f"count(\n  (\n    {traced}\n  )\n  unless (({u1} - {u0}) unless {untraced_rose('0.005')})\n"
+            f"  or {untraced_rose('0.01')}\n) or vector(0)")
 
 
 def argo_analysis_template() -> dict[str, Any]:

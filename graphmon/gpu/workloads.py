@@ -38,7 +38,7 @@ class DecodeModel:
     """
 
     def __init__(self, *, hidden: int = H, layers: int = 48, side_streams: int = 3, seed: int = 0,
-                 side: str = "mixed", memcpy: bool = False):
+                 side: str = "mixed", memcpy: bool = False, event_layers: tuple = (), extra_sleep_cycles: int = 0):
         if side not in ("mixed", "matmul"):
             raise ValueError(f"side must be 'mixed' or 'matmul', not {side!r}")
         dev = torch.device("cuda")
@@ -55,6 +55,12 @@ class DecodeModel:
         self.memcpy = memcpy
         self._copy_src = torch.zeros(16, device=dev, dtype=torch.bfloat16)
         self._copy_dst = [torch.zeros(16, device=dev, dtype=torch.bfloat16) for _ in range(side_streams + 1)]
+        # event_layers: an event-record node (an external event recorded during capture) on the main
+        # stream after each of these layers, no kernel added; extra_sleep_cycles: one more kernel
+        # (torch.cuda._sleep, one thread spinning that many SM cycles) at the end of each step.
+        # bench/deploy/fleet.py's builds that are faster untraced yet wider traced, and ~1% slower.
+        self.event_layers, self.extra_sleep_cycles = frozenset(event_layers), int(extra_sleep_cycles)
+        self._events: list = []  # kept alive as long as a graph that records them
 
     def _randn(self, *shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=self.gen) / 32
@@ -100,6 +106,11 @@ class DecodeModel:
                 y[:, :q] += o
                 k(y)
             x = k(x + k(y * 0.1))
+            if i in self.event_layers:
+                self._events.append(torch.cuda.Event(external=True))
+                self._events[-1].record(main)
+        if self.extra_sleep_cycles:
+            torch.cuda._sleep(self.extra_sleep_cycles)
         return x
 
 

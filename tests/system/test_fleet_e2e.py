@@ -178,6 +178,14 @@ def test_a_rolling_update_pages_only_for_the_builds_that_made_decode_slower(tmp_
         assert newest == {(wl, _hash(wl, "b")) for wl in WORKLOADS}
         reg = {r["metric"]["workload"]: float(r["value"][1]) for r in prom.query("fleet:graphmon_deploy_regression")}
         assert reg == {"uniform": 1.0, "concentrated": 1.0, "identical": 0.0, "rollback": 0.0}, reg
+        # a widening; confirmed by the untraced replay time where both builds have one, else the traced rule alone
+        both = {r["metric"]["workload"] for r in prom.query("fleet:graphmon_replay_untraced_seconds:added5m")}
+        kinds = {(r["metric"]["workload"], r["metric"].get("kind"), r["metric"].get("untraced"))
+                 for r in prom.query("fleet:graphmon_deploy_regression == 1")}
+        assert kinds == {(wl, "widening", "confirms" if wl in both else "absent") for wl in ("uniform", "concentrated")}, kinds
+        # every fleet rule evaluated on the live series of two builds without an error (matching, duplicates)
+        rules = [r for g in prom.get("/api/v1/rules")["groups"] if g["name"] == "graphmon-fleet" for r in g["rules"]]
+        assert rules and not {r["name"]: r.get("lastError") for r in rules if r["health"] != "ok"}
         # the engine's pod, not the agent's, on its series (honor_labels, as the PodMonitor)
         pods = {r["metric"]["pod"] for r in prom.query('graphmon_up{namespace="fleet"}')}
         assert pods and all(p.split("-")[0] in WORKLOADS for p in pods), pods

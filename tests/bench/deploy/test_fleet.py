@@ -1,7 +1,10 @@
 """bench/deploy/fleet.py's CPU path (--dry-run: fake torch + CUPTI pods, two real `graphmon agent`s,
 a real Prometheus with the fleet rules compressed) end to end: the JSON's shape, the untraced truth
 each pod measured on the fake GPU's clock, and the verdicts: the widened build pages within the
-deadline, the identical build and the rollback do not, as the untraced replay times say."""
+deadline, the identical build and the rollback do not, as the untraced replay times say; issue 36's
+two acceptance builds (event-record nodes: faster untraced, wider traced; one extra ~1% kernel) are
+scored against their untraced truth, decided by the untraced series where both builds have them and
+by the traced rule alone where they do not."""
 
 import json
 import os
@@ -18,6 +21,10 @@ BENCH = ROOT / "bench" / "deploy" / "fleet.py"
 # tests/fake_cupti.decode_like(2): the main stream (the span) runs 2 x (400 + 3000 + 416 + 5000) ns;
 # the fake's "memcpy" build adds 1500 ns before each of its 4 kernels
 ORIGINAL_MS, MEMCPY_MS = 17_632e-6, 23_632e-6
+# bench/common/fleet_pods.py's fake builds of 16 layers: "long" 16 x 8816 ns; "eventrec" every gap
+# 200 ns shorter untraced (1500 ns longer only while traced); "plus1" one more kernel of 1500 ns
+LONG_MS, EVENTREC_MS, PLUS1_MS = 141_056e-6, 134_656e-6, 142_556e-6
+TRUTH_MS = {"original": ORIGINAL_MS, "memcpy": MEMCPY_MS, "long": LONG_MS, "eventrec": EVENTREC_MS, "plus1": PLUS1_MS}
 TRUTH_REPLAYS = 100
 
 
@@ -44,27 +51,27 @@ def test_the_run_states_its_compression_and_measures_every_pod(run):
     assert doc["dry_run"] is True and doc["errors"] == []
     assert (doc["rate_window_s"], doc["for_s"], doc["page_deadline_s"]) == (12, 4, 16)
     assert "[12s] (shipped: [5m])" in doc["prometheus"] and "every other rule as shipped" in doc["prometheus"]
-    assert [w["workload"] for w in doc["workloads"]] == ["widened", "identical", "rollback"]
+    assert [w["workload"] for w in doc["workloads"]] == ["widened", "identical", "rollback", "eventrec", "plus1"]
     for w in doc["workloads"]:
         a, b = w["builds"]["a"], w["builds"]["b"]
         assert a["hash"] != b["hash"]  # a' of the identical workload is a new pod-template-hash too
         for build in (a, b):
             assert sorted(build["pods"]) == [f"{w['workload']}-{build['hash']}-n{n}" for n in (0, 1)]
             for name, p in build["pods"].items():
-                assert p["replays"] == TRUTH_REPLAYS and p["memcpy"] == build["memcpy"]
+                assert p["replays"] == TRUTH_REPLAYS and p["kind"] == build["kind"]
                 raw = json.loads((out / "pods" / f"{name}.json").read_text())
                 assert len(raw["ms"]) == TRUTH_REPLAYS  # each untraced replay's event time
-            want = MEMCPY_MS if build["memcpy"] else ORIGINAL_MS
-            assert build["untraced_median_ms"] == pytest.approx(want, rel=1e-6)
+            assert build["untraced_median_ms"] == pytest.approx(TRUTH_MS[build["kind"]], rel=1e-6)
             assert build["pod_spread"] == 0
         assert w["firing_before_rollout"] == []  # build a alone: nothing to compare with
         assert w["newest_build"] == [b["hash"]]
         assert w["b_first_pod_started_s"] < w["rollout_done_s"]
-    assert (_wl(doc, "widened")["builds"]["a"]["memcpy"], _wl(doc, "widened")["builds"]["b"]["memcpy"]) == (False, True)
-    assert (_wl(doc, "rollback")["builds"]["a"]["memcpy"], _wl(doc, "rollback")["builds"]["b"]["memcpy"]) == (True, False)
+    assert {w["workload"]: (w["builds"]["a"]["kind"], w["builds"]["b"]["kind"]) for w in doc["workloads"]} == {
+        "widened": ("original", "memcpy"), "identical": ("original", "original"), "rollback": ("memcpy", "original"),
+        "eventrec": ("long", "eventrec"), "plus1": ("long", "plus1")}
     assert doc["noise_ratio"] == 0  # the fake GPU's replays take the same time in every pod
     table = (out / "deploy-fleet.md").read_text()
-    assert all(f"| {w} | " in table for w in ("widened", "identical", "rollback"))
+    assert all(f"| {w} | " in table for w in ("widened", "identical", "rollback", "eventrec", "plus1"))
 
 
 def test_only_the_widened_build_pages_and_the_untraced_truth_agrees(run):
@@ -85,8 +92,35 @@ def test_only_the_widened_build_pages_and_the_untraced_truth_agrees(run):
         reg = w["deploy_regression"][w["builds"]["b"]["hash"]]
         assert reg["samples"] > 0 and reg["max"] == 0  # the verdict was there, and never 1
         assert w["argo_regressed_graphs"] == 0
-    assert [w["untraced_slower"] for w in doc["workloads"]] == [True, False, False]
-    assert all(w["verdict_agrees_with_untraced"] for w in doc["workloads"])
+    assert [w["untraced_slower"] for w in doc["workloads"]][:3] == [True, False, False]
+    assert all(w["verdict_agrees_with_untraced"] for w in doc["workloads"][:3])
+    assert widened["alert"]["kind"] == "widening"
+
+
+def test_the_acceptance_builds_are_scored_against_their_untraced_truth(run):
+    """eventrec: faster untraced (-4.5%) with gaps 1300 ns wider traced; plus1: +1.06% untraced, no
+    gap wider. Where both builds have untraced series the untraced time decides (eventrec is the
+    observer's alone, plus1 pages kind="untraced" within 3 minutes) and the verdicts agree with the
+    truth. Where they have none (a collector without untraced bursts), the traced rule decides
+    alone, as the contract says: eventrec pages, plus1 does not, and the score says both disagree."""
+    _, doc = run
+    ev, p1 = _wl(doc, "eventrec"), _wl(doc, "plus1")
+    assert ev["untraced_ratio_b_a"] == pytest.approx(EVENTREC_MS / LONG_MS, rel=1e-6) and not ev["untraced_slower"]
+    assert p1["untraced_ratio_b_a"] == pytest.approx(PLUS1_MS / LONG_MS, rel=1e-6) and p1["untraced_slower"]
+    b_ev, b_p1 = ev["builds"]["b"]["hash"], p1["builds"]["b"]["hash"]
+    assert ev["untraced_both"] == p1["untraced_both"]  # one collector for every pod
+    if ev["untraced_both"]:
+        assert not ev["fired"] and ev["observer_only"][b_ev]["max"] == 1 and ev["argo_regressed_graphs"] == 0, ev
+        assert p1["fired"] and p1["fired_after_s"] <= min(doc["page_deadline_s"], 180), p1
+        assert (p1["alert"]["kind"], p1["alert"]["untraced"]) == ("untraced", "rose")
+        assert p1["argo_regressed_graphs"] == 1
+        assert ev["verdict_agrees_with_untraced"] and p1["verdict_agrees_with_untraced"]
+    else:
+        assert ev["untraced_series"] == [] and p1["untraced_series"] == []
+        assert ev["fired"] and (ev["alert"]["kind"], ev["alert"]["untraced"]) == ("widening", "absent"), ev
+        assert ev["observer_only"][b_ev]["max"] == 0  # nothing to ask: not the observer's by default
+        assert not p1["fired"] and p1["deploy_regression"][b_p1]["max"] == 0, p1
+        assert not ev["verdict_agrees_with_untraced"] and not p1["verdict_agrees_with_untraced"]
 
 
 @pytest.mark.parametrize("argv, message", [
