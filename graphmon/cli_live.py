@@ -104,7 +104,8 @@ def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True, serv
     for name, typ, extra in (("interval_s", float, ""), ("max_traced_share", float, ""), ("max_interval_s", float, ""),
                              ("window_launches", int, ""), ("window_duration_ms", float, ""),
                              ("max_drain_ms", float, ""), ("buffer_size_bytes", int, ""), ("max_buffers", int, ""),
-                             ("max_window_records", int, "")):
+                             ("max_window_records", int, ""), ("untraced_burst_launches", int, ""),
+                             ("untraced_burst_interval_s", float, ""), ("untraced_burst_duration_ms", float, "")):
         f = fields[name]
         p.add_argument("--" + name.replace("_", "-"), type=typ,
                        help=f"{f.description} (default {f.default:g}; env GRAPHMON_{name.upper()})" if typ is float
