@@ -48,8 +48,28 @@ MAX_HELD_ROWS = 4096
 _COLLECT_PIECE = 32  # event pairs read back between two GIL yields (each is a few ctypes calls)
 
 
+def timed_rows(per: dict[int, dict[str, list[float]]], phase: str,
+               registry: GraphRegistry) -> tuple[np.ndarray, np.ndarray]:
+    """(CUPTI graph id, duration_ns) of the ``phase`` times in observer.EventTimer.collect's
+    ``per`` (exec -> phase -> [ms]), each exec's graph resolved from the registry now (it may be
+    destroyed by the time the window ships); -1: not known."""
+    registry.resolve_ids()
+    gids, nss = [], []
+    for h, d in per.items():
+        ms = d.get(phase)
+        if not ms:
+            continue
+        info = registry.get(int(h))
+        ns = np.rint(np.asarray(ms, np.float64) * 1e6).astype(np.int64)
+        nss.append(ns[ns > 0])
+        gids.append(np.full(len(nss[-1]), info.graph_id if info is not None and info.graph_id > 0 else -1, np.int64))
+    if not nss:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(gids), np.concatenate(nss)
+
+
 class UntracedRows:
-    """Untraced replay times held until the next delivered window: (CUPTI graph id, ns), bounded."""
+    """The bursts' untraced replay times, held until the next delivered window; bounded."""
 
     def __init__(self, max_rows: int = MAX_HELD_ROWS) -> None:
         self.max_rows = int(max_rows)
@@ -58,31 +78,24 @@ class UntracedRows:
         self.n = 0
         self.dropped = 0  # rows that did not fit (cumulative)
 
-    def add(self, per: dict[int, dict[str, list[float]]], phase: str, registry: GraphRegistry) -> int:
-        """The ``phase`` times of observer.EventTimer.collect's ``per`` (exec -> phase -> [ms]),
-        each exec's graph resolved from the registry now (the exec may be gone when the window
-        ships). Returns how many rows did not fit."""
-        registry.resolve_ids()
-        lost = 0
-        for h, d in per.items():
-            ms = d.get(phase)
-            if not ms:
-                continue
-            info = registry.get(int(h))
-            gid = info.graph_id if info is not None and info.graph_id > 0 else -1
-            ns = np.rint(np.asarray(ms, np.float64) * 1e6).astype(np.int64)
-            ns = ns[ns > 0]
-            k = min(len(ns), self.max_rows - self.n)
-            self._graph_id[self.n:self.n + k] = gid
-            self._duration_ns[self.n:self.n + k] = ns[:k]
-            self.n += k
-            lost += len(ns) - k
+    def add(self, graph_id: np.ndarray, duration_ns: np.ndarray) -> int:
+        """Hold rows (timed_rows); returns how many did not fit (dropped, counted)."""
+        k = min(len(duration_ns), self.max_rows - self.n)
+        self._graph_id[self.n:self.n + k] = graph_id[:k]
+        self._duration_ns[self.n:self.n + k] = duration_ns[:k]
+        self.n += k
+        lost = len(duration_ns) - k
         self.dropped += lost
         return lost
 
-    def take(self) -> tuple[np.ndarray, np.ndarray]:
-        """(graph id, duration_ns) of every row held, in arrival order; empties the store."""
-        out = self._graph_id[:self.n].copy(), self._duration_ns[:self.n].copy()
+    def take(self, graph_id: np.ndarray, duration_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every row held, in arrival order, then the given ones (a window's reference phase:
+        not held, capped on their own at ``max_rows``: a window ships 2 x max_rows at most,
+        under the wire's cap); empties the store."""
+        k = min(len(duration_ns), self.max_rows)
+        self.dropped += len(duration_ns) - k
+        out = (np.concatenate([self._graph_id[:self.n], graph_id[:k]]),
+               np.concatenate([self._duration_ns[:self.n], duration_ns[:k]]))
         self.n = 0
         return out
 
@@ -148,22 +161,19 @@ class BurstPhase:
         if query is not None and ring.n and not self._stop.is_set():
             timer.wait_ran(ring, query, end, self._stop.is_set)  # read back only events that ran: no blocking sync
         self.pacer.start_piece()
-        per = timer.collect([ring], pause=self.pacer.pause, piece=_COLLECT_PIECE)
-        lost = self.untraced.add(per, "burst", self.registry)
+        rows = timed_rows(timer.collect([ring], pause=self.pacer.pause, piece=_COLLECT_PIECE), "burst", self.registry)
+        lost = self.untraced.add(*rows)
         st = self.stats
         st["untraced_bursts"] += 1
-        st["untraced_burst_rows"] = sum(len(d["burst"]) for d in per.values())
+        st["untraced_burst_rows"] = len(rows[1])  # the last burst's
         st["untraced_dropped"] = self.untraced.dropped
         st["last_burst_ms"] = (time.perf_counter() - t0) * 1e3
         if lost:
             self.count_error("untraced_rows_capped")
 
     def _take_untraced(self, per: Optional[dict[int, dict[str, list[float]]]]) -> tuple[np.ndarray, np.ndarray]:
-        """A delivered window's untraced rows: its reference phase's times (``per``: the
-        window's EventTimer.collect, None without timing) after the bursts' held since the last."""
-        if per:
-            if self.untraced.add(per, "ref", self.registry):
-                self.count_error("untraced_rows_capped")
-            self.stats["untraced_dropped"] = self.untraced.dropped
-        return self.untraced.take()
-
+        """A delivered window's untraced rows: the bursts' held since the last window, then its
+        reference phase's (``per``: the window's EventTimer.collect; None without timing)."""
+        out = self.untraced.take(*timed_rows(per or {}, "ref", self.registry))
+        self.stats["untraced_dropped"] = self.untraced.dropped
+        return out
