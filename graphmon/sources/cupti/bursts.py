@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Optional
 
 import numpy as np
@@ -113,6 +114,9 @@ class BurstPhase:
         self._burst = LaunchRing("burst", max(1, self._burst_n))
         self._burst_next_s = math.inf  # monotonic time of the next burst (set when the collector starts)
         self.untraced = UntracedRows()
+        # per burst (benchmarks place host steps in them): perf_counter at its start and end (its
+        # events read back), and the replays it timed
+        self.burst_log: deque[tuple[float, float, int]] = deque(maxlen=256)
         self.stats.update(untraced_bursts=0, untraced_burst_rows=0, untraced_dropped=0, last_burst_ms=0.0)
 
     def _burst_at(self, now: float, restart: bool = False) -> float:
@@ -167,7 +171,9 @@ class BurstPhase:
         st["untraced_bursts"] += 1
         st["untraced_burst_rows"] = len(rows[1])  # the last burst's
         st["untraced_dropped"] = self.untraced.dropped
-        st["last_burst_ms"] = (time.perf_counter() - t0) * 1e3
+        t1 = time.perf_counter()
+        st["last_burst_ms"] = (t1 - t0) * 1e3
+        self.burst_log.append((t0, t1, len(rows[1])))
         if lost:
             self.count_error("untraced_rows_capped")
 

@@ -122,6 +122,9 @@ def test_bursts_time_launches_untraced_at_their_interval():
     src.stop()
     n = src.stats["untraced_bursts"]
     starts = [a for a, _, _ in log]
+    # burst_log (benchmarks place host steps in bursts): each burst's start, end and replays timed
+    assert [k for _, _, k in src.burst_log] == [8] * n
+    assert all(a0 <= b0 < b1 <= a1 for (a0, a1, _), (b0, b1, _) in zip(log, src.burst_log))
     assert all(b - a >= 0.1 - 0.002 for a, b in zip(starts, starts[1:]))  # an interval apart, at least
     assert n <= span_s / 0.1 + 2
     assert True not in switches and fake.fill == 0 and not fake.done  # tracing never on: no kernel record
