@@ -140,8 +140,6 @@ class BurstPhase:
             return
         self._burst_next_s = time.monotonic() + s.untraced_burst_interval_s
         t0 = time.perf_counter()
-        # events a launch that raced the previous burst's end recorded go back to the pool (stale: not kept)
-        timer.collect([ring])
         ring.reset(self._burst_n)
         ring.wake_on = ring.cap - 1  # the burst's last launch wakes the collector: the callback goes off soon
         self._wake.clear()
@@ -154,7 +152,8 @@ class BurstPhase:
                 break
             self._wake.wait(min(left, 0.25))
             self._wake.clear()
-        self._ring = None  # no launch joins it from now on
+        self._ring = None  # no launch joins it from now on ...
+        ring.close()  # ... not even one whose enter callback read _ring just before
         self._sync_launch_cb()  # off (unless an exec's first launch is pending; a launch in flight defers it)
         if self._stop.is_set():
             return  # stopping: the burst's rows are not read back (events may still be queued)
@@ -166,6 +165,7 @@ class BurstPhase:
             timer.wait_ran(ring, query, end, self._stop.is_set)  # read back only events that ran: no blocking sync
         self.pacer.start_piece()
         rows = timed_rows(timer.collect([ring], pause=self.pacer.pause, piece=_COLLECT_PIECE), "burst", self.registry)
+        ring.reset(0)  # empty: the exit callbacks of later launches do not search its slots
         lost = self.untraced.add(*rows)
         st = self.stats
         st["untraced_bursts"] += 1

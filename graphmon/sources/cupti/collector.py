@@ -22,9 +22,10 @@ manners, assemble.py builds a window's records, observer.py measures the observe
   a graph launch and got records; a window that traced no launch is counted as empty
   (``stats["empty_no_launches"]``) and the next one is due after ``interval_s``.
 - Graph identity/upload mode come from driver-API callbacks. The launch callback (~0.4% of a
-  replay) is on only while armed, inside windows and their reference phase, and while an exec
-  created after attach has not launched yet (its first launch decides ``lazy``),
-  ``first_launch_wait_s`` at most.
+  replay) is on only while armed, inside windows and their reference phase, during untraced
+  bursts between windows (bursts.py: replays timed with tracing off, shipped in a window's
+  ``untraced`` with its reference phase's), and while an exec created after attach has not
+  launched yet (its first launch decides ``lazy``), ``first_launch_wait_s`` at most.
 - Nothing on the host's path waits for graphmon (issue 13): the launch callback writes into
   preallocated slots (launches.py) and, once per window, sets an Event (the launch that opens
   it); buffers are queued by CUPTI's completion callback and decoded here, one buffer per GIL

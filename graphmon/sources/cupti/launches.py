@@ -46,6 +46,11 @@ class LaunchRing:
             self.n = self.n_returned = 0
             self.cap = min(int(cap), self.capacity)
 
+    def close(self) -> None:
+        """Collector thread: no launch claims a slot any more (the phase keeps those it has)."""
+        with self._lock:
+            self.cap = self.n
+
     def claim(self) -> int:
         """A slot for a new launch, or -1 when the phase has all its launches."""
         with self._lock:
