@@ -4,7 +4,6 @@ times in a window's ``untraced`` columns, driven by the fake CUPTI on the CPU.
 The fake GPU runs traced replays ``trace_slowdown`` times slower: an untraced row shows the
 graph's untraced span (SPAN4, SPAN2), a traced one would show 3x that."""
 
-import threading
 import time
 
 import numpy as np
@@ -17,7 +16,7 @@ from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.cupti.registry import GraphRegistry
 
 from helpers import wait_until
-from fake_cupti import FakeCupti, FakeEvents, decode_like
+from fake_cupti import FakeCupti, FakeEvents, Workload, decode_like
 
 MAIN = 7
 SPAN4, SPAN2 = 35_264, 17_632  # decode_like(4) / (2) on the fake, untraced: main stream 4 (2) x 8816 ns
@@ -30,29 +29,6 @@ def make(**kw):
     opts.update(kw)
     src = CuptiSource(cupti=fake, settings=CuptiSettings(**opts), events=FakeEvents(fake), registry=GraphRegistry())
     return fake, src
-
-
-class Loop:
-    """A serving loop: launches its graphs from a host thread until stopped."""
-
-    def __init__(self, fake, execs, period_s=0.0005):
-        self.fake, self.execs, self.period_s = fake, execs, period_s
-        self.stop = threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-
-    def run(self):
-        while not self.stop.is_set():
-            for h in self.execs:
-                self.fake.launch(h, MAIN)
-            time.sleep(self.period_s)
-
-    def __enter__(self):
-        self.t.start()
-        return self
-
-    def __exit__(self, *a):
-        self.stop.set()
-        self.t.join(5)
 
 
 def logged(src, name, log):
@@ -94,7 +70,7 @@ def test_the_reference_phase_ships_its_times_with_their_graphs():
     src.start(windows.append)
     assert wait_until(lambda: src.health().state == "running")
     h4, h2 = fake.instantiate(decode_like(4)), fake.instantiate(decode_like(2))
-    with Loop(fake, [h4, h2]):
+    with Workload(fake, [h4, h2]):
         assert wait_until(lambda: len(windows) >= 2)
     src.stop()
     for w in windows[:2]:
@@ -115,7 +91,7 @@ def test_bursts_time_launches_untraced_at_their_interval():
     src.start(lambda w: None)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(4))
-    with Loop(fake, [h]):
+    with Workload(fake, [h]):
         t0 = time.perf_counter()
         assert wait_until(lambda: src.stats["untraced_bursts"] >= 5, timeout=10)
         span_s = time.perf_counter() - t0
@@ -145,7 +121,7 @@ def test_bursts_and_windows_take_turns_and_burst_rows_ship_with_the_next_window(
     src.start(windows.append)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(4))
-    with Loop(fake, [h]):
+    with Workload(fake, [h]):
         assert wait_until(lambda: len(windows) >= 4, timeout=10)
     src.stop()
     spans = sorted(log)
@@ -174,7 +150,7 @@ def test_a_due_capture_waits_for_the_burst_to_end():
     src.start(windows.append)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(4))
-    with Loop(fake, [h], period_s=0.005):  # 256 launches take > 1 s: the burst lasts its 300 ms
+    with Workload(fake, [h], period_s=0.005):  # 256 launches take > 1 s: the burst lasts its 300 ms
         assert wait_until(lambda: src._ring is src._burst)
         asked = time.perf_counter()
         src.request_capture(CaptureRequest(id="c1", replays=4))
@@ -192,7 +168,7 @@ def test_bursts_stop_with_the_collector():
     src.start(lambda w: None)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(4))
-    with Loop(fake, [h], period_s=0.005):
+    with Workload(fake, [h], period_s=0.005):
         assert wait_until(lambda: src._ring is src._burst)  # in a 5 s burst
         t0 = time.perf_counter()
         src.stop()
@@ -209,7 +185,7 @@ def test_bursts_are_off_at_zero_and_without_event_timing(kw):
     src.start(lambda w: None)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(2))
-    with Loop(fake, [h]):
+    with Workload(fake, [h]):
         assert wait_until(lambda: fake.launches >= 400)  # bursts would have come every 10 ms
     src.stop()
     assert src.stats["untraced_bursts"] == 0 and src.untraced.n == 0
@@ -224,7 +200,7 @@ def test_held_rows_are_bounded_and_what_is_dropped_counted():
     src.start(windows.append)
     assert wait_until(lambda: src.health().state == "running")
     h = fake.instantiate(decode_like(4))
-    with Loop(fake, [h]):
+    with Workload(fake, [h]):
         assert wait_until(lambda: src.stats["untraced_bursts"] >= 5, timeout=10)
         assert src.untraced.n == 20  # full: 2.5 bursts' worth
         src.request_capture(CaptureRequest(id="c", replays=4))
