@@ -193,6 +193,27 @@ def test_bursts_are_off_at_zero_and_without_event_timing(kw):
     assert fake.launch_callback_calls < 40 < fake.launches / 5
 
 
+def test_bursts_need_the_subscription_and_let_it_go_idle():
+    # idle_unsubscribe_s: a burst does not keep CUPTI subscribed (torch.profiler may run between
+    # windows) and never subscribes; the rows held meanwhile ship with the next window
+    fake, src = make(interval_s=0.6, first_window_s=60.0, idle_unsubscribe_s=0.15, untraced_burst_launches=8,
+                     untraced_burst_interval_s=0.03)
+    windows = []
+    src.start(windows.append)
+    assert wait_until(lambda: src.health().state == "running")
+    h = fake.instantiate(decode_like(4))
+    with Workload(fake, [h]):
+        assert wait_until(lambda: src.stats["untraced_bursts"] >= 2 and src.stats["idle_unsubscribes"] >= 1, timeout=5)
+        n = src.stats["untraced_bursts"]
+        time.sleep(0.2)  # unsubscribed (no window is due for 60 s): several burst intervals
+        assert fake.handler is None and src.stats["untraced_bursts"] == n
+        src.request_capture(CaptureRequest(id="c", replays=4))  # subscribes for its window
+        assert wait_until(lambda: windows, timeout=5)
+    src.stop()
+    assert len(windows[0].untraced["duration_ns"]) == 8 * n + 4  # the bursts' rows, then its reference phase's
+    assert not src.health().errors
+
+
 def test_held_rows_are_bounded_and_what_is_dropped_counted():
     fake, src = make(first_window_s=60.0, untraced_burst_launches=8, untraced_burst_interval_s=0.02)
     src.untraced = UntracedRows(max_rows=20)
