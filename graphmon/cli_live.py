@@ -8,13 +8,16 @@ from graphmon.cli_common import (SERVER_FIELDS, CliError, _add_log_level, _add_s
                                  _setup_logging, _warn_if_public, log)
 
 ATTACH_COMMANDS = ("run", "record")  # their CUPTI flags' help comes from graphmon.settings (pydantic)
+# the CuptiSettings fields run/record take as flags (with boundary and close, which have choices)
+CUPTI_FLAGS = (("interval_s", float), ("max_traced_share", float), ("max_interval_s", float), ("window_launches", int),
+               ("window_duration_ms", float), ("max_drain_ms", float), ("buffer_size_bytes", int), ("max_buffers", int),
+               ("max_window_records", int), ("untraced_burst_launches", int), ("untraced_burst_interval_s", float),
+               ("untraced_burst_duration_ms", float))
 
 
 def _attach_settings(args: argparse.Namespace) -> dict:
     """attach() keyword arguments from run/record flags (unset flags keep attach's defaults)."""
-    keys = SERVER_FIELDS["agent"] + (
-        "interval_s", "max_traced_share", "max_interval_s", "window_launches", "window_duration_ms", "max_drain_ms",
-        "boundary", "close", "buffer_size_bytes", "max_buffers", "max_window_records")
+    keys = SERVER_FIELDS["agent"] + tuple(name for name, _ in CUPTI_FLAGS) + ("boundary", "close")
     out = {k: getattr(args, k, None) for k in keys}  # `agent` has no sampling flags: its processes bring theirs
     out = {k: v for k, v in out.items() if v is not None}
     if getattr(args, "window_interval_s", None) is not None:
@@ -101,10 +104,7 @@ def _add_attach_flags(p: argparse.ArgumentParser, cupti_flags: bool = True, serv
     from graphmon.settings import CuptiSettings
 
     fields = CuptiSettings.model_fields  # the one source of CUPTI defaults (env GRAPHMON_<FIELD> too)
-    for name, typ, extra in (("interval_s", float, ""), ("max_traced_share", float, ""), ("max_interval_s", float, ""),
-                             ("window_launches", int, ""), ("window_duration_ms", float, ""),
-                             ("max_drain_ms", float, ""), ("buffer_size_bytes", int, ""), ("max_buffers", int, ""),
-                             ("max_window_records", int, "")):
+    for name, typ in CUPTI_FLAGS:
         f = fields[name]
         p.add_argument("--" + name.replace("_", "-"), type=typ,
                        help=f"{f.description} (default {f.default:g}; env GRAPHMON_{name.upper()})" if typ is float

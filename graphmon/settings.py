@@ -75,6 +75,21 @@ class CuptiSettings(BaseSettings):
     max_timed_launches: int = Field(256, ge=0, description="launches timed with CUDA events per phase")
     first_launch_wait_s: float = Field(5.0, ge=0, description="longest the launch callbacks stay on outside windows "
                                        "for a new graph's first launch (its upload mode); then it is 'unknown'")
+    # Untraced bursts (sources/cupti/bursts.py): graph replays timed with CUDA events, kernel tracing
+    # off, between windows. Defaults from the H200 costs per timed launch (docs/observer-effect.md):
+    # GPU +2.3-2.6 us, host call +6.9 us [+6.3, +7.9], an HF host-bound step +28.7 us (+2.1%
+    # [+1.2, +3.2] of 1.33 ms: at most ~43 us). 128 launches every 30 s at 43 us each is 5.5 ms
+    # per 30 s: 0.018% of the time, on the GPU alone 0.33 ms (0.0011%). Arithmetic from those
+    # per-launch costs, not yet measured as bursts on the H200 (bench/overhead/burst_cost.py).
+    untraced_burst_launches: int = Field(128, ge=0, description="graph launches timed untraced per burst (CUDA events "
+                                         "from the launch callback, kernel tracing off; at most max_timed_launches "
+                                         "are timed); 0 turns bursts off")
+    untraced_burst_interval_s: float = Field(30.0, gt=0, allow_inf_nan=False,
+                                             description="seconds between untraced bursts, at least (never inside a "
+                                             "kernel window; a window due waits for the burst to end)")
+    untraced_burst_duration_ms: float = Field(1000.0, gt=0, allow_inf_nan=False,
+                                              description="longest an untraced burst stays open (fewer launches "
+                                              "come in it: it ends with those)")
     idle_unsubscribe_s: float = Field(0.0, ge=0, description="opt-in: between windows, unsubscribe from CUPTI once no "
                                       "graph has been instantiated for this long (until the next window; a torch graph "
                                       "capture subscribes again first), so that torch.profiler can run between windows. "

@@ -405,6 +405,34 @@ class FakeEvents:
         return (self.times[e1] - self.times[e0]) / 1e6
 
 
+class Workload:
+    """Replays graphs on the fake in a loop from a host thread, like a serving loop (a context
+    manager: started on enter, stopped on exit); ``errors`` holds what reached the loop."""
+
+    def __init__(self, fake: FakeCupti, execs, stream: int = 7, period_s: float = 0.0005):
+        self.fake, self.execs, self.stream, self.period_s = fake, execs, stream, period_s
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.t = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                for h in self.execs:
+                    self.fake.launch(h, self.stream)
+                time.sleep(self.period_s)
+        except BaseException as e:  # the host must never see an exception from graphmon
+            self.errors.append(e)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop.set()
+        self.t.join(5)
+
+
 def decode_like(n_layers: int = 4, main: int = 7, side: int = 8) -> list[Kernel]:
     """A small two-stream graph with distinct, known gaps."""
     ks = []

@@ -158,12 +158,15 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
                         "--max-drain-ms", "80",
                         "--window-launches", "8", "--buffer-size-bytes", "65536", "--max-buffers", "4",
                         "--max-window-records", "1000", "--max-traced-share", "0.01", "--max-interval-s", "30",
+                        "--untraced-burst-launches", "64", "--untraced-burst-interval-s", "5",
+                        "--untraced-burst-duration-ms", "250",
                         "--", sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     sent = json.loads(r.stdout.strip().splitlines()[-1])
     assert sent == {"boundary": "collector", "close": "disable_first", "max_drain_ms": 80.0, "window_launches": 8, "buffer_size_bytes": 65536,
-                    "max_buffers": 4, "max_window_records": 1000, "max_traced_share": 0.01, "max_interval_s": 30.0}
+                    "max_buffers": 4, "max_window_records": 1000, "max_traced_share": 0.01, "max_interval_s": 30.0,
+                    "untraced_burst_launches": 64, "untraced_burst_interval_s": 5.0, "untraced_burst_duration_ms": 250.0}
     assert set(sent) <= set(CuptiSettings.model_fields)  # attach() hands them to the CUPTI source
     assert CuptiSettings(**sent).max_buffers == 4
     d = {k: f.default for k, f in CuptiSettings.model_fields.items()}
@@ -171,10 +174,12 @@ def test_run_sampling_flags_reach_attach_and_help_shows_the_real_defaults(tmp_pa
     text = " ".join(run.format_help().split())
     for flag, key in (("--interval-s", "interval_s"), ("--window-duration-ms", "window_duration_ms"),
                       ("--max-drain-ms", "max_drain_ms"), ("--max-traced-share", "max_traced_share"),
-                      ("--max-interval-s", "max_interval_s")):
+                      ("--max-interval-s", "max_interval_s"), ("--untraced-burst-interval-s", "untraced_burst_interval_s"),
+                      ("--untraced-burst-duration-ms", "untraced_burst_duration_ms")):
         assert f"(default {d[key]:g};" in text, flag
     for flag, key in (("--window-launches", "window_launches"), ("--buffer-size-bytes", "buffer_size_bytes"),
-                      ("--max-buffers", "max_buffers"), ("--max-window-records", "max_window_records")):
+                      ("--max-buffers", "max_buffers"), ("--max-window-records", "max_window_records"),
+                      ("--untraced-burst-launches", "untraced_burst_launches")):
         assert f"(default {d[key]};" in text, flag
 
 

@@ -64,7 +64,8 @@ from bench.common import cli  # noqa: E402
 from bench.common.hf import hf_workload  # noqa: E402
 from bench.common.hostloop import (ATTACH_KW, GC, T95, Ticker, attach_ready, ingest_steady, paired,  # noqa: E402
                                    phase, phases_null, start_agent, sweep, timeline, versions)
-from bench.common.paths import EXAMPLES, RESULTS, on_path  # noqa: E402
+from bench.common.decode_loops import decode_server_workload  # noqa: E402
+from bench.common.paths import RESULTS  # noqa: E402
 
 DEVICE = "gpu"  # CI imports it and asks --help; it runs on a CUDA machine (bench/README.md)
 R: dict = {"workloads": {}, "errors": {}, "versions": {}}
@@ -78,27 +79,6 @@ def save(out: str) -> None:
 
 
 # ---------------------------------------------------------------------- workloads: step(bs) -> step times (s)
-def decode_server_workload(layers: int, steps_per_call: int):
-    import torch
-
-    on_path(EXAMPLES)
-    import decode_server as ds
-
-    model = ds.DecodeModel(layers=layers)
-    (g,) = ds.build(model, [1], ["uploaded"])
-
-    def run_once() -> np.ndarray:
-        t = np.empty(steps_per_call + 1)
-        t[0] = time.perf_counter()
-        for i in range(steps_per_call):
-            g.replay()
-            torch.cuda.synchronize()
-            t[i + 1] = time.perf_counter()
-        return t  # step end times (perf_counter s), the first one the start
-
-    return run_once, {"config": {"layers": layers, "batch": 1, "sync": "every step"}}
-
-
 def launch_loop_workload(chunk: int = 100, chunks: int = 50):
     """Eager kernel launches and nothing else: a step is the host time of ``chunk`` launches of
     a one-element add (the CUDA runtime and driver API path every eager op takes). In paired

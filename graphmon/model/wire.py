@@ -22,6 +22,7 @@ into ``"other"`` (its count kept), so a sender cannot mint series. A frame that 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import struct
@@ -33,7 +34,7 @@ import numpy as np
 from graphmon.model.edges import GraphKernels, assemble
 from graphmon.model.invalid import INVALID_REASONS
 from graphmon.model.trace import KERNEL_COLUMNS, LAUNCH_COLUMNS, GraphInfo, Trace, TraceError
-from graphmon.model.window import Window, WindowRecords
+from graphmon.model.window import UNTRACED_COLUMNS, Window, WindowRecords, no_untraced
 
 WIRE_VERSION = 1
 _LEN = struct.Struct("<II")  # frame length (after these 4 bytes), header length
@@ -62,13 +63,20 @@ ERROR_STAGES = (
     "capture_request", "capture_subscribe", "collector", "drain_query", "drain_timeout", "dropped_query",
     "event_elapsed", "events_init", "flush", "flush_forced", "health", "http", "launch_cb_enable", "publish",
     "scrape", "setup", "sink", "snapshot", "source", "stop", "stop_timeout", "stream_id", "tap", "unsubscribe",
-    "warm_up", "window_launches_capped", OTHER,
+    "untraced_rows_capped", "warm_up", "window_launches_capped", OTHER,
 )
 LINK_COUNTERS = ("windows_sent", "windows_dropped", "reconnects", "bad_messages", "connected")
 # Why a frame was refused (the agent counts each): a closed set, never the exception text.
 WIRE_REASONS = ("framing", "too_large", "stalled", "header", "identity", "status", "window", "protocol")
 _COLS = tuple(("k", k, np.dtype(t).newbyteorder("<")) for k, t in KERNEL_COLUMNS.items()) + tuple(
     ("l", k, np.dtype(t).newbyteorder("<")) for k, t in LAUNCH_COLUMNS.items())
+# Untraced replay times (window.UNTRACED_COLUMNS) travel in the header, each column's LE bytes in
+# base64, not in the payload: an older agent rejects unknown columns and trailing payload bytes
+# but ignores an unknown header key, so it still takes a new sender's windows (without the rows);
+# a frame without the key decodes to empty columns.
+_UNTRACED = tuple((k, np.dtype(t).newbyteorder("<")) for k, t in UNTRACED_COLUMNS.items())
+MAX_UNTRACED_ROWS = 1 << 16  # a collector holds at most 4096 (sources/cupti/bursts.MAX_HELD_ROWS)
+MAX_UNTRACED_NS = 60 * 10**9  # a graph replay timed longer than 60 s is no replay time
 _GRAPH_FIELDS = {"key": str, "graph_id": int, "exec_handle": int, "upload_mode": str, "upload_stream": int,
                  "label": str, "batch_size": int, "upload_stream_is_launch_stream": (bool, type(None))}
 
@@ -128,6 +136,10 @@ def encode_window(w: Window | WindowRecords, status: Optional[Mapping[str, Any]]
         "started_s": float(w.started_s), "ended_s": float(w.ended_s), "dropped": int(w.dropped),
         "observer_slowdown": w.observer_slowdown, "capture_id": w.capture_id, "traced_s": float(w.traced_s),
     }
+    u = w.untraced
+    if len(u["duration_ns"]):  # (absent when empty: the frame an older sender makes)
+        header["untraced"] = {k: base64.b64encode(np.ascontiguousarray(u[k], dtype=dt).tobytes()).decode("ascii")
+                              for k, dt in _UNTRACED}
     if status is not None:
         header["status"] = dict(status)
     return frame(header, arrays)
@@ -302,6 +314,34 @@ def _graph(d: Any) -> GraphInfo:
         raise WireError(str(e)) from None
 
 
+def decode_untraced(v: Any, n_graphs: int) -> dict[str, np.ndarray]:
+    """A window's untraced columns (absent: empty). WireError unless each is base64 of whole
+    little-endian rows, as many in both (at most MAX_UNTRACED_ROWS), graph in -1..n_graphs-1
+    and duration_ns in 1 ns..60 s."""
+    if v is None:
+        return no_untraced()
+    if not isinstance(v, dict) or set(v) != {k for k, _ in _UNTRACED}:
+        raise WireError("untraced must hold exactly the columns " + ", ".join(k for k, _ in _UNTRACED))
+    out: dict[str, np.ndarray] = {}
+    for k, dt in _UNTRACED:
+        b64 = v[k]
+        if not isinstance(b64, str) or len(b64) > (MAX_UNTRACED_ROWS * dt.itemsize + 2) // 3 * 4:
+            raise WireError(f"untraced {k} must be base64 of at most {MAX_UNTRACED_ROWS} rows")
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except ValueError:  # binascii.Error
+            raise WireError(f"untraced {k} is not base64") from None
+        if len(raw) % dt.itemsize:
+            raise WireError(f"untraced {k} is not whole {dt.itemsize}-byte rows")
+        out[k] = np.frombuffer(raw, dt).astype(dt.newbyteorder("="))  # (a copy: writable, native order)
+    graph, ns = out["graph"], out["duration_ns"]
+    if len(graph) != len(ns):
+        raise WireError("untraced columns differ in length")
+    if len(ns) and (graph.min() < -1 or graph.max() >= n_graphs or ns.min() <= 0 or ns.max() > MAX_UNTRACED_NS):
+        raise WireError("untraced graph or duration_ns out of range (graph -1..graphs-1, 1 ns..60 s)")
+    return out
+
+
 def decode_window(header: Mapping[str, Any], payload: memoryview,
                   graph_kernels: Optional[GraphKernels] = None) -> Window:
     """Rebuild a Window from a decoded frame; WireError on anything unexpected. ``graph_kernels``:
@@ -351,6 +391,7 @@ def decode_window(header: Mapping[str, Any], payload: memoryview,
     names = _strings(header.get("names"), "names")
     labels = _strings(header.get("labels"), "labels")
     graphs = [_graph(g) for g in graphs_raw]
+    untraced = decode_untraced(header.get("untraced"), len(graphs))
     started_s = _number(header.get("started_s"), "started_s", lo=0, hi=MAX_WALL_S)
     ended_s = _number(header.get("ended_s"), "ended_s", lo=0, hi=MAX_WALL_S)
     slowdown = _number(header.get("observer_slowdown"), "observer_slowdown", optional=True, lo=0, hi=1e6)
@@ -368,13 +409,13 @@ def decode_window(header: Mapping[str, Any], payload: memoryview,
             return assemble(WindowRecords(kernels=kernels, launches=launches, names=names, graphs=graphs,
                                           started_s=started_s, ended_s=ended_s, dropped=dropped,
                                           observer_slowdown=slowdown, capture_id=cid, invalid=invalid, meta=meta,
-                                          traced_s=traced_s), graph_kernels)
+                                          traced_s=traced_s, untraced=untraced), graph_kernels)
         trace = Trace.build(**kernels, names=names, labels=labels, graphs=graphs, launches=launches,
                             invalid=invalid, meta=meta)
     except (ValueError, IndexError) as e:  # TraceError is a ValueError
         raise WireError(f"window trace rejected: {e}") from None
     return Window(trace=trace, started_s=started_s, ended_s=ended_s, dropped=dropped, observer_slowdown=slowdown,
-                  capture_id=cid, traced_s=traced_s)
+                  capture_id=cid, traced_s=traced_s, untraced=untraced)
 
 
 class FrameReader:

@@ -18,7 +18,7 @@ from graphmon.settings import Settings
 from helpers import wait_until
 from graphmon.sources import remote
 
-from fake_cupti import FakeCupti, decode_like
+from fake_cupti import FakeCupti, FakeEvents, decode_like
 
 FAST = dict(window_launches=4, window_duration_ms=200, interval_s=0.05, first_window_s=0.0, max_traced_share=1.0)
 
@@ -71,6 +71,33 @@ def test_light_collector_windows_reach_agent_with_identity(agent):
         lc.stop()
     assert wait_until(lambda: agent.attached()[0].health().state == "stopped")
     assert agent.lost_total == 0  # said bye: stopped, not lost
+
+
+def test_untraced_rows_reach_the_agents_windows(agent, monkeypatch):
+    decoded = []
+
+    def keep(*a, **kw):  # the agent's decode of each window frame (ingest thread)
+        w = remote_decode(*a, **kw)
+        decoded.append(w)
+        return w
+
+    remote_decode = remote.decode_window
+    monkeypatch.setattr(remote, "decode_window", keep)
+    fake = FakeCupti(trace_slowdown=3.0)
+    lc = LightCollector(agent.socket_path, cupti=fake, **{**FAST, "interval_s": 0.2, "untraced_burst_launches": 8,
+                                                          "untraced_burst_interval_s": 0.05})
+    lc.source._events_arg = FakeEvents(fake)  # CuptiSource's events seam (the CPU has no libcuda)
+    lc.start()
+    try:
+        h = fake.instantiate(decode_like(4))
+        assert wait_until(lambda: any(len(w.untraced["graph"]) > 4 for w in decoded) or fake.launch(h, 7) and False,
+                          timeout=10)
+    finally:
+        lc.stop()
+    w = next(w for w in decoded if len(w.untraced["graph"]) > 4)  # a burst's 8 and the reference phase's 4
+    assert len(w.untraced["graph"]) % 8 == 4
+    assert {w.trace.graphs[g].graph_id for g in w.untraced["graph"].tolist()} == {fake.exec_ids[h]}
+    assert set(w.untraced["duration_ns"].tolist()) == {35_264}  # decode_like(4)'s untraced span on the fake
 
 
 def test_light_collector_status_says_idle_and_empty_windows(tmp_path):

@@ -290,3 +290,73 @@ def test_a_hello_reader_hands_out_one_frame_and_keeps_the_window_after_it():
     assert r.feed(b"") == [] and r.buffered == len(win) - 4
     (w,) = r.feed(bytes(win[100:]))
     assert len(_decode(bytes(struct.pack("<I", len(w)) + w)).trace) == 3000
+
+
+# ---------------------------------------------------------------------- untraced replay times
+def _untraced(graph=(0, -1, 0), ns=(35_264, 40_000, 35_100)):
+    return {"graph": np.array(graph, np.int32), "duration_ns": np.array(ns, np.int64)}
+
+
+def test_untraced_rows_travel_with_a_window_and_with_unfiltered_records():
+    import dataclasses
+
+    for w in (dataclasses.replace(_window(), untraced=_untraced()), dataclasses.replace(_records(), untraced=_untraced())):
+        back = _decode(encode_window(w))
+        for k, dt in (("graph", np.int32), ("duration_ns", np.int64)):
+            np.testing.assert_array_equal(back.untraced[k], _untraced()[k])
+            assert back.untraced[k].dtype == dt and back.untraced[k].dtype.isnative
+        assert back.trace.graphs[0].graph_id == 3  # graph 0 of the rows is the window's graph 0
+
+
+def test_untraced_columns_keep_old_frames_and_old_agents_valid():
+    import dataclasses
+
+    plain, new = encode_window(_window()), encode_window(dataclasses.replace(_window(), untraced=_untraced()))
+    h_plain, p_plain = split_frame(plain[4:])
+    h_new, p_new = split_frame(new[4:])
+    assert "untraced" not in h_plain  # a window without rows is the frame an older sender makes ...
+    back = _decode(plain)  # ... and decodes to empty columns
+    assert {k: (len(v), v.dtype) for k, v in back.untraced.items()} == {"graph": (0, np.int32),
+                                                                          "duration_ns": (0, np.int64)}
+    # an older agent checks the column specs and the payload's length and ignores header keys it
+    # does not know: the rows change neither
+    assert h_new["columns"] == h_plain["columns"] and bytes(p_new) == bytes(p_plain)
+    assert set(h_new) - set(h_plain) == {"untraced"}
+
+
+def _with_untraced(u):
+    h, p = split_frame(encode_window(_window())[4:])
+    return frame({**h, "untraced": u}, bytes(p))
+
+
+def _b64(a):
+    import base64
+
+    return base64.b64encode(np.asarray(a).tobytes()).decode()
+
+
+@pytest.mark.parametrize("u, msg", [
+    ({"graph": _b64(np.int32([0, 0])), "duration_ns": _b64(np.int64([5]))}, "differ in length"),
+    ({"graph": _b64(np.int32([1])), "duration_ns": _b64(np.int64([5]))}, "out of range"),  # one graph: 0 only
+    ({"graph": _b64(np.int32([-2])), "duration_ns": _b64(np.int64([5]))}, "out of range"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": _b64(np.int64([0]))}, "out of range"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": _b64(np.int64([-7]))}, "out of range"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": _b64(np.int64([60 * 10**9 + 1]))}, "out of range"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": "not base64!"}, "not base64"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": _b64(np.int32([5]))}, "whole 8-byte rows"),
+    ({"graph": [0], "duration_ns": [5]}, "base64 of at most"),
+    ({"graph": _b64(np.int32([0]))}, "exactly the columns"),
+    ({"graph": _b64(np.int32([0])), "duration_ns": _b64(np.int64([5])), "extra": ""}, "exactly the columns"),
+    ([1, 2], "exactly the columns"),
+    ({"graph": _b64(np.zeros(65537, np.int32)), "duration_ns": _b64(np.ones(65537, np.int64))}, "at most 65536 rows"),
+])
+def test_bad_untraced_columns_refuse_the_window(u, msg):
+    with pytest.raises(WireError, match=msg) as e:
+        _decode(_with_untraced(u))
+    assert e.value.reason == "window"
+
+
+def test_untraced_rows_at_their_limits_are_kept():
+    u = {"graph": _b64(np.int32([-1, 0])), "duration_ns": _b64(np.int64([1, 60 * 10**9]))}
+    back = _decode(_with_untraced(u))
+    assert back.untraced["graph"].tolist() == [-1, 0] and back.untraced["duration_ns"].tolist() == [1, 60 * 10**9]

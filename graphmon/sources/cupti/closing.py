@@ -4,7 +4,8 @@ tracing off, and the delivery of its records to the sink and taps.
 A mixin of CuptiSource (collector.py), on the collector thread only. It uses the source's rings
 (``_win``, ``_ref``), ``trace`` (tracing.TraceSwitch) and ``_switch_on_launch``, ``settings``,
 ``api``, ``pacer``, ``ingest``, ``registry``, ``stats``,
-``subscription``, ``_timer``/``observer``, ``_stop``, ``graph_kernels`` and the consumers
+``subscription``, ``_timer``/``observer``, ``_stop``, ``graph_kernels``, the untraced rows
+(bursts.BurstPhase ``_take_untraced``) and the consumers
 (``_sink``, ``taps``, ``records_sink``, ``last_window``, ``last_raw``).
 """
 
@@ -82,14 +83,18 @@ class WindowClose:
         self.pacer.start_piece()
         self._emit(window_records(KernelColumns.empty(), np.zeros(0, np.int32), [], self._win.columns(),
                                   self.registry, started_s=now, ended_s=now,
-                                  capture_id=req.id if req is not None else None))
+                                  capture_id=req.id if req is not None else None,
+                                  untraced=self._take_untraced(None)))  # the bursts' rows (bursts.py)
 
     def _deliver(self, req, started: float, ended: float, window_ms: float, flush_ms: float, timer,
                  ran_ns: int = 0) -> int:
         """The window's records to the sink and taps; returns how many records it held.
         ``ran_ns``: CUPTI's clock when the CUDA events said every window launch had run (0: not known)."""
         dropped = self.ingest.dropped()
-        slowdown = slowdown_ratio(timer.collect([self._ref, self._win])) if timer is not None else None
+        per = timer.collect([self._ref, self._win]) if timer is not None else None
+        slowdown = slowdown_ratio(per) if per is not None else None
+        # untraced replay times: the reference phase's (tracing off), after the bursts' since the last window
+        untraced = self._take_untraced(per)
         self.pacer.pause()
         # columns + name ids, a chunk per GIL hold; a records sink (the light collector's link)
         # encodes them before the next window, so they can live in reused memory
@@ -102,7 +107,8 @@ class WindowClose:
         names = self.ingest.names
         rec = window_records(cols, name_id, list(names.names), self._win.columns(), self.registry,
                              started_s=started, ended_s=ended, dropped=dropped + discarded, observer_slowdown=slowdown,
-                             traced_s=self._traced_s, capture_id=req.id if req is not None else None)
+                             traced_s=self._traced_s, capture_id=req.id if req is not None else None,
+                             untraced=untraced)
         st = self.stats
         st["records"] += len(rec)
         st["dropped"] += dropped

@@ -22,9 +22,10 @@ manners, assemble.py builds a window's records, observer.py measures the observe
   a graph launch and got records; a window that traced no launch is counted as empty
   (``stats["empty_no_launches"]``) and the next one is due after ``interval_s``.
 - Graph identity/upload mode come from driver-API callbacks. The launch callback (~0.4% of a
-  replay) is on only while armed, inside windows and their reference phase, and while an exec
-  created after attach has not launched yet (its first launch decides ``lazy``),
-  ``first_launch_wait_s`` at most.
+  replay) is on only while armed, inside windows and their reference phase, during untraced
+  bursts between windows (bursts.py: replays timed with tracing off, shipped in a window's
+  ``untraced`` with its reference phase's), and while an exec created after attach has not
+  launched yet (its first launch decides ``lazy``), ``first_launch_wait_s`` at most.
 - Nothing on the host's path waits for graphmon (issue 13): the launch callback writes into
   preallocated slots (launches.py) and, once per window, sets an Event (the launch that opens
   it); buffers are queued by CUPTI's completion callback and decoded here, one buffer per GIL
@@ -46,6 +47,7 @@ from graphmon.model.window import CaptureRequest, Window
 from graphmon.settings import CuptiSettings
 from graphmon.sources.base import Sink, Source, wall_time
 from graphmon.sources.cupti import native as _native
+from graphmon.sources.cupti.bursts import BurstPhase
 from graphmon.sources.cupti.closing import WindowClose
 from graphmon.sources.cupti.ingest import Ingest
 from graphmon.sources.cupti.launches import LaunchRing
@@ -64,7 +66,7 @@ _RESUME_SETTLE_S = 0.05
 _ARMED_POLL_S = 1.0  # armed, the collector wakes on the opening launch (an Event); this bounds its sleep
 
 
-class CuptiSource(WindowClose, Source):
+class CuptiSource(WindowClose, BurstPhase, Source):
     backend = "cupti"
 
     def __init__(self, cupti: Any = None, *, settings: Optional[CuptiSettings] = None, events: Any = None,
@@ -99,6 +101,7 @@ class CuptiSource(WindowClose, Source):
         self._max_launches = min(s.max_window_launches, 1 << 20)
         cap = min(self._max_launches, max(s.window_launches, 64))
         self._ref = LaunchRing("ref", cap)
+        self._ref.wake_on = 0  # armed: the launch that opens the window wakes the collector
         self._win = LaunchRing("win", cap)
         self._ring: Optional[LaunchRing] = None  # the ring launches go to now; None: not sampling
         self._closing = False  # window full: launches no longer join it, tracing drains
@@ -115,6 +118,7 @@ class CuptiSource(WindowClose, Source):
             "decode_fallback_buffers", "other_kind_records", "record_bytes", "launch_cb_deferred",
             "launch_cb_reenabled", "repeated_correlation", "idle_unsubscribes", "resubscribes",
             "empty_no_launches", "idle_windows", "last_armed_ms", "late_stamped_records"), 0)
+        self._init_bursts()  # untraced bursts between windows (bursts.py)
         self.last_window: Optional[Window] = None
         self.graph_kernels = GraphKernels()  # what this process's graphs hold (assembled windows; the agent keeps its own)
         # extra consumers of what the sink gets (benchmarks, record mode); errors counted. With
@@ -194,6 +198,7 @@ class CuptiSource(WindowClose, Source):
     def _run(self) -> None:
         s, sub = self.settings, self.subscription
         next_window = time.monotonic() + s.first_window_s
+        self._burst_at(time.monotonic(), restart=True)
         while not self._stop.is_set():
             try:
                 due = bool(self._captures) or time.monotonic() >= next_window
@@ -217,7 +222,11 @@ class CuptiSource(WindowClose, Source):
                     else:
                         next_window = time.monotonic() + self.next_interval_s(spent_s)
                     continue
-                wake_at = next_window
+                next_burst = self._burst_at(now)  # inf: bursts off, or not subscribed
+                if now >= next_burst:  # no window is due (it would wait for the burst: one at a time)
+                    self._run_burst()
+                    continue
+                wake_at = min(next_window, next_burst)
                 if sub.subscribed and s.idle_unsubscribe_s > 0:
                     if sub.go_idle(now, busy=self._ring is not None or bool(self._captures)):
                         continue
@@ -443,12 +452,12 @@ class CuptiSource(WindowClose, Source):
         timer = self._timer
         if timer is not None and self.observer == "events":
             timer.start(ring, i)
-        if i == 0 and ring is self._ref:
-            self._wake.set()  # armed: this launch opens the window (once per window; no wait)
+        if i == ring.wake_on:
+            self._wake.set()  # armed: this launch opens the window; a burst: its last launch (no wait)
 
     def on_launch_exit(self, corr: int) -> None:
         self.subscription.gate.exit()
-        for ring in (self._win, self._ref):
+        for ring in (self._win, self._ref, self._burst):
             i = ring.find(corr)
             if i >= 0:
                 if self._timer is not None:

@@ -17,7 +17,7 @@ SEARCH_BACK = 64  # an exit callback looks this far back for its own enter (host
 
 
 class LaunchRing:
-    """Fixed-capacity launch slots of one phase ("ref" or "win")."""
+    """Fixed-capacity launch slots of one phase ("ref", "win" or an untraced "burst")."""
 
     def __init__(self, phase: str, capacity: int) -> None:
         self.phase = phase
@@ -26,6 +26,9 @@ class LaunchRing:
         self.n = 0  # slots claimed
         self.n_returned = 0  # of them, launches whose API call has returned
         self.cap = self.capacity  # launches this phase takes (the window's target, at most capacity)
+        # the slot whose launch wakes the collector (-1: none): the reference phase's first (it
+        # opens the window), a burst's last (the callback goes off); one Event.set per phase
+        self.wake_on = -1
         c = self.capacity
         self.corr = [0] * c
         self.exec_handle = [0] * c
@@ -42,6 +45,11 @@ class LaunchRing:
         with self._lock:
             self.n = self.n_returned = 0
             self.cap = min(int(cap), self.capacity)
+
+    def close(self) -> None:
+        """Collector thread: no launch claims a slot any more (the phase keeps those it has)."""
+        with self._lock:
+            self.cap = self.n
 
     def claim(self) -> int:
         """A slot for a new launch, or -1 when the phase has all its launches."""

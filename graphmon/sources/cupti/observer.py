@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -162,9 +162,12 @@ class EventTimer:
                 time.sleep(0.001)
         return every
 
-    def collect(self, rings: list[LaunchRing]) -> dict[int, dict[str, list[float]]]:
-        """Replay times per exec and phase; every event goes back to the pool."""
+    def collect(self, rings: list[LaunchRing], pause: Optional[Callable[[], None]] = None,
+                piece: int = 32) -> dict[int, dict[str, list[float]]]:
+        """Replay times per exec and ring phase (exec -> phase -> [ms]); every event goes back to
+        the pool. ``pause``: called after every ``piece`` timed slots (the collector's GIL yield)."""
         per: dict[int, dict[str, list[float]]] = {}
+        done = 0
         for ring in rings:
             for i in range(ring.n):
                 e0, e1, ctx = ring.ev0[i], ring.ev1[i], ring.ctx[i]
@@ -179,7 +182,10 @@ class EventTimer:
                 ring.ev0[i] = ring.ev1[i] = 0
                 self._put(ctx, e0, e1)
                 if ms is not None and ms > 0:
-                    per.setdefault(ring.exec_handle[i], {"ref": [], "win": []})[ring.phase].append(ms)
+                    per.setdefault(ring.exec_handle[i], {}).setdefault(ring.phase, []).append(ms)
+                done += 1
+                if pause is not None and done % piece == 0:
+                    pause()
         return per
 
     def release(self) -> None:

@@ -13,36 +13,9 @@ from graphmon.sources.cupti.collector import CuptiSource
 from graphmon.sources.cupti.registry import INSTANTIATE_FLAG_UPLOAD, GraphRegistry
 
 from helpers import DATA, wait_until
-from fake_cupti import KERNEL10_BYTES, FakeCupti, FakeEvents, Kernel, decode_like
+from fake_cupti import KERNEL10_BYTES, FakeCupti, FakeEvents, Kernel, Workload, decode_like
 
 MAIN, SIDE = 7, 8
-
-class Workload:
-    """Replays graphs in a loop from a host thread, like a serving loop."""
-
-    def __init__(self, fake, execs, stream=MAIN, period_s=0.0005):
-        self.fake, self.execs, self.stream, self.period_s = fake, execs, stream, period_s
-        self.stop = threading.Event()
-        self.errors = []
-        self.t = threading.Thread(target=self.run, daemon=True)
-
-    def run(self):
-        try:
-            while not self.stop.is_set():
-                for h in self.execs:
-                    self.fake.launch(h, self.stream)
-                time.sleep(self.period_s)
-        except BaseException as e:  # the host must never see an exception from graphmon
-            self.errors.append(e)
-
-    def __enter__(self):
-        self.t.start()
-        return self
-
-    def __exit__(self, *a):
-        self.stop.set()
-        self.t.join(5)
-
 
 def make(fake=None, **kw):
     fake = fake or FakeCupti()
