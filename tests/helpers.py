@@ -385,14 +385,17 @@ def many_graphs(n_graphs=64, n_streams=4, replays=2, kernels_per_stream=8):
                                                 "launch_ns": 10**12 - 5_000 + corrs})
 
 
-def deploy_result(n_graphs=64, n_streams=4):
-    """A deploy verdict's Result as DeployCollector reads it: every graph regressed (uniform)."""
+def deploy_result(n_graphs=64, n_streams=4, untraced_shift_ns=None):
+    """A deploy verdict's Result as DeployCollector reads it: every graph regressed (uniform);
+    ``untraced_shift_ns``: each graph's untraced replay shift too (None: not measured)."""
     import time
     from types import SimpleNamespace
 
     streams = [SimpleNamespace(stream_current=7 + s, flagged=True, shift_ns=300.0) for s in range(n_streams)]
     graphs = [SimpleNamespace(graph=f"decode_bs{g + 1}", device=0, kind="uniform", regression=True,
-                              gap_added_ns=1_000.0 + g, streams=streams, untraced_replay=None) for g in range(n_graphs)]
+                              gap_added_ns=1_000.0 + g, streams=streams,
+                              untraced_replay=None if untraced_shift_ns is None else SimpleNamespace(shift_ns=untraced_shift_ns, tested=True))
+              for g in range(n_graphs)]
     verdict = SimpleNamespace(graphs=graphs, regressions=lambda: graphs)
     return SimpleNamespace(rank="0", reference="previous", state="ready", verdict=verdict,
                            reference_newest_s=time.time(), current_incarnation="i1")

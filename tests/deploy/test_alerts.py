@@ -39,8 +39,10 @@ def test_rule_is_runbook_style_and_uses_exported_metrics(rule):
     assert set(rule["annotations"]) >= {"summary", "description", "runbook"}
     assert all(len(rule["annotations"][k].strip()) > 20 for k in ("summary", "description", "runbook"))
     assert rule["labels"]["severity"] in {"warning", "critical"}
-    # `for` keeps a brief spike from paging; at least 5 minutes for every rule.
-    assert re.fullmatch(r"\d+m", rule["for"]) and int(rule["for"][:-1]) >= 5
+    # `for` keeps a brief spike from paging; at least 5 minutes for every rule but the untraced
+    # verdict's, a test over >= 20 replays a side that issue 36 wants paged within ~3 minutes.
+    least = 2 if rule["alert"] == "GraphmonDeployUntracedRegression" else 5
+    assert re.fullmatch(r"\d+m", rule["for"]) and int(rule["for"][:-1]) >= least
     assert referenced_metrics(rule["expr"]) <= CONTRACT_SAMPLES
 
 
@@ -114,6 +116,9 @@ def _run_mutated(tmp_path: Path, alertname: str, old: str, new: str):
          "(graphmon_deploy_stream_regression >= 0)", "a stream the regression does not point at pages"),
         ("GraphmonDeployRegression", "5m", "1m", "a verdict that held 3 minutes pages"),
         ("GraphmonNoProcessAttached", "10m", "0m", "an engine's start-up pages"),
+        ("GraphmonDeployUntracedRegression", '(graphmon_deploy_regression{kind="untraced"} == 1)',
+         "(graphmon_deploy_regression == 1)", "a traced widening pages twice, once as untraced"),
+        ("GraphmonDeployUntracedRegression", "2m", "0m", "an untraced verdict that held 1 minute pages"),
         # The fleet verdict: net harm, and the newest build by first-seen time (a rollback is newest).
         ("fleet:graphmon_deploy_widening",
          "group_left fleet:graphmon_replay_gpu_seconds:reference_mean5m > 1e-6)",

@@ -247,7 +247,7 @@ def _default_level_samples():
         # untraced replay times of every graph (given to the rank's aggregator: the wire is the collector's)
         agent.ranks["0"].aggregator.ingest(Window(trace=many_graphs(), started_s=time.time() - 1, ended_s=time.time(),
                                                   untraced=untraced(np.arange(64), np.full(64, 600_000))))
-        verdict = SimpleNamespace(results={("0", "previous"): deploy_result()}, dropped=0, ranks_forgotten=0,
+        verdict = SimpleNamespace(results={("0", "previous"): deploy_result(untraced_shift_ns=20_000.0)}, dropped=0, ranks_forgotten=0,
                                   computations={}, state=None)
         deploy = DeployCollector(verdict, detail=lambda rank: agent.snapshots()[0].detail_graphs, detail_graphs=2)
         m = AgentMetrics(agent, collectors=[AgentHealthCollector(agent), deploy])
