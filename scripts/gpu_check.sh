@@ -8,7 +8,8 @@
 # tarball). Sections: GPU_CHECK_SECTIONS=idle,smoke,tests,e2e,live,trace,decode,impact (default tests,e2e,live;
 # idle: test_live_idle.py alone; smoke: the live CUPTI tests once; trace: bench/overhead/trace_cost.py;
 # decode: bench/collector/decode_buffers.py; impact: bench/overhead/host_impact.py; deploy: bench/deploy/deploy_restart.py, < 6 min,
-# with a real Prometheus when .prom/prometheus.xz is carried).
+# with a real Prometheus when .prom/prometheus.xz is carried; window: bench/diag/window_quality.py;
+# fleet: bench/deploy/fleet.py (FLEET_WORKLOADS); burst: bench/overhead/burst_cost.py (BURST_WORKLOADS)).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/all"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -116,5 +117,31 @@ if has deploy; then
   timeout 340 $PY bench/deploy/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 330 "${PROM_ARGS[@]}" > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
   cp "$OUT/all/deploy/deploy-restart.json" "$OUT/" 2>/dev/null
   grep -h "^rank " "$OUT/all/deploy-restart.log" | tee "$OUT/deploy-restart-summary.txt"
+fi
+if has window; then
+  echo "== window data quality per tracing switch (bench/diag/window_quality.py): issue 37"
+  timeout 240 $PY bench/diag/window_quality.py --out "$OUT/all/window" > "$OUT/all/window-quality.log" 2>&1; echo "exit $?"
+  cp "$OUT"/all/window/*.json "$OUT/" 2>/dev/null
+  tail -20 "$OUT/all/window-quality.log"
+fi
+if has fleet; then
+  # a rolling update over two agents as two nodes, scored against each pod's untraced truth:
+  # FLEET_WORKLOADS=widened,identical,rollback (issue 35) or eventrec,plus1 (issue 36), one call each
+  echo "== fleet deploy verdict (bench/deploy/fleet.py --workloads ${FLEET_WORKLOADS:=widened,identical,rollback})"
+  PROM=prometheus
+  if [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))"; then
+    chmod +x /tmp/prometheus && PROM=/tmp/prometheus
+  fi
+  timeout 560 $PY bench/deploy/fleet.py --out "$OUT/all/fleet" --prometheus "$PROM" --workloads "$FLEET_WORKLOADS" \
+    > "$OUT/all/fleet.log" 2>&1; echo "exit $?"
+  cp "$OUT/all/fleet/deploy-fleet.json" "$OUT/" 2>/dev/null
+  tail -15 "$OUT/all/fleet.log"
+fi
+if has burst; then
+  echo "== what untraced bursts cost a step (bench/overhead/burst_cost.py --workloads ${BURST_WORKLOADS:=decode_server}): issue 36"
+  timeout 540 $PY bench/overhead/burst_cost.py --out "$OUT/all/burst" --workloads "$BURST_WORKLOADS" \
+    > "$OUT/all/burst-cost.log" 2>&1; echo "exit $?"
+  cp "$OUT/all/burst/burst-cost.json" "$OUT/" 2>/dev/null
+  tail -15 "$OUT/all/burst-cost.log"
 fi
 tar -czf "$OUT/gpu-check.tgz" -C "$OUT" all && rm -rf "$OUT/all"
