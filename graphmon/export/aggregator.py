@@ -410,7 +410,9 @@ class Aggregator:
             self._replays[key] = self._replays.get(key, 0) + len(rows)
             self._kpr[key] = float(np.median(r.kernels[rows]))
             self._last_sampled[key] = ended_s
-            self._rep_q[key] = quantiles[key]  # kinds without a value in the window (no launch) left out
+            # a kind without a value in this window (no launch record; one replay: no gap between
+            # replays) keeps its last window's quantiles: its series would flap otherwise
+            self._rep_q[key] = {**self._rep_q.get(key, {}), **quantiles[key]}
             span = r.span_ns[rows]
             self._detail.replayed((key[0], key[1]), int(span[(span >= 0) & (span <= MAX_VALUE_NS)].sum()), ended_s)
 

@@ -26,6 +26,20 @@ def test_cumulative_across_windows_and_last_window_quantiles():
     assert s.replay_hist[rk]["gpu"].count == 6
 
 
+def test_a_kind_missing_from_the_last_window_keeps_its_quantiles():
+    """A window with one replay of a graph has no gap between replays: that kind keeps the
+    previous window's quantiles, so its series do not vanish and come back window by window."""
+    agg = Aggregator()
+    agg.ingest(window(synthetic_trace(replays=3)))
+    (rk,) = agg.snapshot().replay_quantiles
+    before = agg.snapshot().replay_quantiles[rk]
+    assert "inter_replay_gap" in before
+    agg.ingest(window(synthetic_trace(replays=1, gap_ns=900, base_ns=10**8)))
+    after = agg.snapshot().replay_quantiles[rk]
+    assert after["inter_replay_gap"] == before["inter_replay_gap"]  # kept
+    assert after["gpu"] != before["gpu"]  # the kinds the window has are its own
+
+
 def test_graph_and_stream_caps_fold_into_other_and_count():
     agg = Aggregator(max_graphs=2, max_streams=3)
     agg.ingest(window(synthetic_trace(n_graphs=5, n_streams=6)))
