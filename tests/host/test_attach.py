@@ -279,3 +279,29 @@ def test_compare_of_two_recordings_applies_the_untraced_rule(h200, tmp_path, cap
     assert main(["compare", "--format", "json", base, same]) == 1
     doc = json.loads(capsys.readouterr().out)["verdict"]
     assert doc["untraced"] == "measured" and {g["kind"] for g in doc["graphs"]} == {"untraced"}
+
+
+def test_record_writes_the_untraced_replay_times_the_collector_took(tmp_path):
+    """The collector (fake CUPTI, its CUDA events on the fake GPU clock) -> Recorder -> the file:
+    the reference phases' and bursts' untraced rows arrive, indexing the recorded graph."""
+    from fake_cupti import FakeEvents
+
+    from graphmon.formats.read import read_trace_untraced
+    from graphmon.settings import CuptiSettings
+    from graphmon.sources.cupti.collector import CuptiSource
+
+    fake = FakeCupti(trace_slowdown=3.0)
+    st = CuptiSettings(**{**FAST, "interval_s": 0.2, "untraced_burst_launches": 8, "untraced_burst_interval_s": 0.05})
+    src = CuptiSource(cupti=fake, settings=st, events=FakeEvents(fake))
+    rec = attach_mod.Recorder(str(tmp_path / "r.graphmon.npz"), windows=3)
+    src.start(rec)
+    try:
+        src.wait_started()
+        h = fake.instantiate(decode_like(4))
+        assert _launch_until(fake, h, rec.done.is_set)
+    finally:
+        src.stop(timeout_s=2.0)
+    t, u = read_trace_untraced(rec.save(), progress=False)
+    assert len(u["graph"]) == sum(len(x["graph"]) for x, _ in rec.untraced) > 4
+    assert {t.graphs[g].graph_id for g in u["graph"].tolist()} == {fake.exec_ids[h]}
+    assert set(u["duration_ns"].tolist()) == {35_264}  # decode_like(4)'s untraced span on the fake
