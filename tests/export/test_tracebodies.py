@@ -110,3 +110,17 @@ def test_the_native_format_is_never_gzipped(monkeypatch):
     r = asyncio.run(main())
     assert "content-encoding" not in r.headers and bodies.compressions == 0
     bodies._release()  # the response was not sent: its download slot by hand
+
+
+def test_the_native_body_carries_the_untraced_rows_the_lookup_gives(tmp_path):
+    from graphmon.formats.read import read_trace_untraced
+
+    from helpers import untraced
+
+    rows = untraced([0, -1], [1_500, 2_500])
+    bodies = tb.TraceBodies(lambda i: (synthetic_trace(), rows if i == "w1" else None), 10**6, 100)
+    for wid, want in (("w1", [1_500, 2_500]), ("w2", [])):
+        (tmp_path / f"{wid}.npz").write_bytes(asyncio.run(bodies._body(wid, "graphmon")))
+        t, u = read_trace_untraced(tmp_path / f"{wid}.npz", progress=False)
+        assert u["duration_ns"].tolist() == want and len(t) == len(synthetic_trace())
+    assert u["graph"].tolist() == [] and read_trace_untraced(tmp_path / "w1.npz", progress=False)[1]["graph"].tolist() == [0, -1]
