@@ -46,7 +46,8 @@ GZIP_LEVEL = 6
 
 def render_trace(t: Any, fmt: str, other: Optional[dict] = None, untraced: Optional[Mapping] = None) -> bytes:
     """``other``: extra ``otherData`` entries of the Chrome JSON (e.g. the boundary attribution);
-    ``untraced``: the window's untraced replay durations (the native format's ``u_`` members)."""
+    ``untraced``: the window's untraced replay durations (the native format's ``u_`` members, the
+    Chrome JSON's ``graphmonTrace.untraced``)."""
     if fmt == "graphmon":
         buf = io.BytesIO()
         write_trace_to(t, buf, untraced)
@@ -55,7 +56,7 @@ def render_trace(t: Any, fmt: str, other: Optional[dict] = None, untraced: Optio
 
     from graphmon.formats.chrome import TRUNCATED_KEY
 
-    doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS)
+    doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS, untraced=untraced)
     events = doc.pop("traceEvents")
     cut = doc.pop(TRUNCATED_KEY, None)
     if other:

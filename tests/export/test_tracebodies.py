@@ -112,7 +112,7 @@ def test_the_native_format_is_never_gzipped(monkeypatch):
     bodies._release()  # the response was not sent: its download slot by hand
 
 
-def test_the_native_body_carries_the_untraced_rows_the_lookup_gives(tmp_path):
+def test_the_bodies_carry_the_untraced_rows_the_lookup_gives(tmp_path):
     from graphmon.formats.read import read_trace_untraced
 
     from helpers import untraced
@@ -124,3 +124,7 @@ def test_the_native_body_carries_the_untraced_rows_the_lookup_gives(tmp_path):
         t, u = read_trace_untraced(tmp_path / f"{wid}.npz", progress=False)
         assert u["duration_ns"].tolist() == want and len(t) == len(synthetic_trace())
     assert u["graph"].tolist() == [] and read_trace_untraced(tmp_path / "w1.npz", progress=False)[1]["graph"].tolist() == [0, -1]
+    import json  # the Chrome JSON carries them in graphmonTrace (formats.chrome)
+
+    doc = json.loads(asyncio.run(bodies._body("w1", "chrome")))
+    assert doc["graphmonTrace"]["untraced"] == {"graph": [0, -1], "duration_ns": [1_500, 2_500]}
