@@ -120,7 +120,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     attr = attribute(base, cur, pairs=pairs, top=args.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                      min_replays=th.min_replays)
-    # untraced replay durations (native files only): they confirm or veto a page; none: said "absent"
+    # untraced replay durations (graphmon's native files and its Chrome export): they confirm or veto a page; none: said "absent"
     verdict = judge(result, attr, gate, untraced=(untraced_by_graph(base_u, base.graph_names()),
                                                   untraced_by_graph(cur_u, cur.graph_names())))
     if args.format == "json":

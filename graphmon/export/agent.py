@@ -360,16 +360,20 @@ class Agent:
             self._changed.clear()
 
     def trace_lookup(self, trace_id: str):
-        """``r<n>-w<k>`` names one rank's window; a capture id is looked up everywhere
-        (the first process that answered)."""
+        e = self.window_lookup(trace_id)
+        return e[0] if e else None
+
+    def window_lookup(self, trace_id: str):
+        """(Trace, untraced rows) of a kept window. ``r<n>-w<k>`` names one rank's window; a
+        capture id is looked up everywhere (the first process that answered)."""
         tag, sep, wid = trace_id.partition("-")
         s = self._by_tag.get(tag) if sep else None
         if s is not None:
-            return s.store.get(wid)
+            return s.store.entry(wid)
         for a in self.attached():
-            t = a.store.get(trace_id)
-            if t is not None:
-                return t
+            e = a.store.entry(trace_id)
+            if e is not None:
+                return e
         return None
 
     def window_id(self, a: Attached, wid: str) -> str:

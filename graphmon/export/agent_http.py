@@ -293,7 +293,7 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
         from graphmon.export.deploy_state import StateDir
 
         state = StateDir(st.state_dir)
-    verdict = DeployVerdict(lookup=agent.trace_lookup, state=state)
+    verdict = DeployVerdict(lookup=agent.window_lookup, state=state)
     agent.window_hooks.append(verdict.on_window)
     agent.stop_hooks.append(verdict.stop)
     def detail(rank: str):  # the rank's detail graphs (None at full: every graph has series)
@@ -313,7 +313,7 @@ def create_agent_app(agent: Agent, render_interval_s: float = RENDER_INTERVAL_S)
     # its extra_collectors, do not serve the agent).
     collectors: list = [AgentHealthCollector(agent), deploy]
     app = create_app(snapshots=agent.snapshots, capture=agent.capture, trace_lookup=agent.trace_lookup,
-                     settings=st, extra_status=extra_status, last_window=agent.last_window_id,
+                     window_lookup=agent.window_lookup, settings=st, extra_status=extra_status, last_window=agent.last_window_id,
                      baseline=PooledBaseline(verdict))
     app.state.deploy = verdict
     errors = app.state.errors

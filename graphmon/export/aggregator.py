@@ -259,7 +259,7 @@ class Aggregator:
         if slowdown is not None:
             self._slowdown = slowdown
         self._last_analysis, self._last_gq = a, gq
-        self.store.put(wid, t)
+        self.store.put(wid, t, {"graph": ugraph, "duration_ns": udur})  # rows as /metrics counts them
         return wid
 
     def _fold(self, ident: tuple) -> None:

@@ -124,7 +124,7 @@ class DeployVerdict:
         self.ranks_forgotten = 0
         self.gate = gate or Gate()
         self.max_replays, self.max_bytes, self.queue_max, self.top = max_replays, max_bytes, queue_max, top
-        self._lookup = lookup  # window id -> Trace (the trace store): a pin of a window no pool holds
+        self._lookup = lookup  # window id -> (Trace, untraced rows) (the trace store's entry): a pin no pool holds
         self._queue: deque = deque()
         self._cv = threading.Condition()
         self._lock = threading.Lock()  # rank state (pools, pin); never held during a computation
@@ -223,14 +223,14 @@ class DeployVerdict:
         return True
 
     def _stored(self, window_id: str) -> Optional[tuple[_Rank, Pool]]:  # lock held
-        """A window no pool holds any more, from the trace store: pinned alone."""
-        t = self._lookup(window_id) if self._lookup is not None else None
+        """A window no pool holds any more, from the trace store (with its untraced rows): pinned alone."""
+        e = self._lookup(window_id) if self._lookup is not None else None
         tag = window_id.partition("-")[0]  # r<n>: the rank's series (graphmon.export.ranks)
         st = next((s for s in self._ranks.values() if s.tag == tag), None)
-        if t is None or st is None or not (t.graph >= 0).any():
-            return None
+        if e is None or st is None or not ((e[0].graph >= 0).any() or (e[1] is not None and len(e[1]["duration_ns"]))):
+            return None  # as on_window: a window with neither a graph's kernels nor untraced rows pools nothing
         pool = Pool(self.max_replays, self.max_bytes)
-        pool.add(pooled(window_id, t, time.time()))
+        pool.add(pooled(window_id, e[0], time.time(), e[1]))
         return st, pool
 
     def unpin(self) -> Optional[str]:

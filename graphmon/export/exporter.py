@@ -37,7 +37,7 @@ class Exporter:
         from graphmon.export.server import create_app  # FastAPI import stays off the analysis path
 
         self.app = create_app(snapshots=self.aggregator.snapshots, capture=source.request_capture,
-                              trace_lookup=self.store.get, settings=s, health_only=health_only)
+                              trace_lookup=self.store.get, window_lookup=self.store.entry, settings=s, health_only=health_only)
         # /metrics rendered in every format once per snapshot, by the thread that published it,
         # so a scrape only copies bytes.
         self.aggregator.on_publish.append(self._prerender)

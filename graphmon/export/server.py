@@ -93,12 +93,14 @@ class CaptureAnswer(BaseModel):
 
 def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable[[CaptureRequest], None],
                trace_lookup: Callable[[str], Any], settings, extra_status: Optional[Callable[[], Mapping]] = None,
+               window_lookup: Optional[Callable[[str], Any]] = None,
                health_only: bool = False, extra_collectors: Sequence = (),
                last_window: Optional[Callable[[], Optional[str]]] = None, baseline: Any = None) -> FastAPI:
     """``snapshots()``: the current snapshots (one per process); ``capture(request)`` raises
     NotImplementedError (409) or RuntimeError (429) to refuse; ``trace_lookup(id)``: a Trace or
-    None. ``last_window()``: the newest window's id as ``trace_lookup`` knows it (default: the last
-    of the first snapshot's ``windows``). ``baseline``: what /baseline pins (default: one window,
+    None; ``window_lookup(id)``: (Trace, untraced rows) or None (the trace store's ``entry``:
+    ``?format=graphmon`` writes the rows; default: none). ``last_window()``: the newest window's
+    id as ``trace_lookup`` knows it (default: the last of the first snapshot's ``windows``). ``baseline``: what /baseline pins (default: one window,
     graphmon.export.baseline.Baseline; the agent pools). ``app.state.renderer.prerender()`` renders
     /metrics ahead (call it on publish)."""
     app = FastAPI(title="graphmon", version=__version__, docs_url=None, redoc_url=None,
@@ -126,7 +128,12 @@ def create_app(*, snapshots: Callable[[], Sequence[Snapshot]], capture: Callable
         got = baseline.for_window(trace_id)
         return None if got is None else (got[0], {"boundaries": {"baseline": got[0], "window": trace_id, "graphs": got[1]}})
 
-    traces = TraceBodies(trace_lookup, settings.trace_cache_bytes, settings.max_trace_downloads, boundaries_extra)
+    if window_lookup is None:
+        def window_lookup(trace_id: str):
+            t = trace_lookup(trace_id)
+            return None if t is None else (t, None)
+
+    traces = TraceBodies(window_lookup, settings.trace_cache_bytes, settings.max_trace_downloads, boundaries_extra)
     app.state.renderer, app.state.errors, app.state.traces = renderer, errors, traces
     app.state.baseline = baseline
     from graphmon.export.webconfig import WebAccess

@@ -22,7 +22,7 @@ import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from fastapi import HTTPException
 from starlette.responses import StreamingResponse
@@ -44,17 +44,19 @@ MAX_RENDER_WAIT_S = 10.0  # a request waits this long at most for the render bud
 GZIP_LEVEL = 6
 
 
-def render_trace(t: Any, fmt: str, other: Optional[dict] = None) -> bytes:
-    """``other``: extra ``otherData`` entries of the Chrome JSON (e.g. the boundary attribution)."""
+def render_trace(t: Any, fmt: str, other: Optional[dict] = None, untraced: Optional[Mapping] = None) -> bytes:
+    """``other``: extra ``otherData`` entries of the Chrome JSON (e.g. the boundary attribution);
+    ``untraced``: the window's untraced replay durations (the native format's ``u_`` members, the
+    Chrome JSON's ``graphmonTrace.untraced``)."""
     if fmt == "graphmon":
         buf = io.BytesIO()
-        write_trace_to(t, buf)
+        write_trace_to(t, buf, untraced)
         return buf.getvalue()
     from graphmon.formats.chrome import to_chrome_trace
 
     from graphmon.formats.chrome import TRUNCATED_KEY
 
-    doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS)
+    doc = to_chrome_trace(t, max_events=MAX_TRACE_EVENTS, untraced=untraced)
     events = doc.pop("traceEvents")
     cut = doc.pop(TRUNCATED_KEY, None)
     if other:
@@ -99,7 +101,7 @@ def _dumps(obj: Any) -> str:
 class TraceBodies:
     def __init__(self, lookup: Callable[[str], Any], max_bytes: int, max_downloads: int,
                  extras: Optional[Callable[[str], Optional[tuple[str, dict]]]] = None):
-        """``extras(id)``: (version, otherData entries) for a window's Chrome JSON, or None; a body
+        """``lookup(id)``: (Trace, untraced rows or None) of a kept window, or None. ``extras(id)``: (version, otherData entries) for a window's Chrome JSON, or None; a body
         is kept per version, so a new baseline gives a new body and an old one is never served."""
         self._lookup = lookup
         self._extras = extras
@@ -135,10 +137,10 @@ class TraceBodies:
         if fut is not None:  # being rendered for another request: share it
             return await asyncio.shield(fut)
         if not gzip:
-            t = self._lookup(trace_id)
-            if t is None:
+            e = self._lookup(trace_id)
+            if e is None:
                 raise HTTPException(404, f"no trace {trace_id!r} (not captured yet, or evicted; see /status windows)")
-            work, work_args = render_trace, (t, fmt, *((extra[1],) if extra else ()))
+            work, work_args = render_trace, (e[0], fmt, extra[1] if extra else None, e[1])
         loop = asyncio.get_running_loop()
         fut = self._pending[key] = loop.create_future()
         try:

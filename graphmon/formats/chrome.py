@@ -13,7 +13,10 @@ additions: the launch event's ``args.graph`` (index into the top-level ``graphmo
 each graph's key, upload mode, label and the rest of its metadata), ``args.stream`` (the launch
 stream, when known) and ``args.launch_time: "unknown"`` where CUPTI recorded no launch time (the
 event then sits at the replay's first kernel for display, and the reader counts no launch
-latency for it); ``graphmonTrace.invalid_records``, the records the window excluded. Past
+latency for it); ``graphmonTrace.invalid_records``, the records the window excluded;
+``graphmonTrace.untraced`` (when the window has any), its replays timed with kernel tracing off:
+``{"graph": [...], "duration_ns": [...]}``, one entry per replay, ``graph`` indexing
+``graphmonTrace.graphs`` (-1 unknown). They are not drawn: a row has no start time to place it. Past
 ``max_events`` kernels the file keeps whole replays, the earliest first, and says so in a top-level
 ``graphmonTruncated`` object (the reader puts it in ``meta["truncated"]``, analyze reports it).
 """
@@ -21,12 +24,14 @@ latency for it); ``graphmonTrace.invalid_records``, the records the window exclu
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Mapping, Optional
 
 import numpy as np
 
 from graphmon.formats.demangle import demangle_all
 from graphmon.formats.kineto import GRAPHMON_KEY, TRUNCATED_KEY, UNKNOWN_LAUNCH
 from graphmon.model.trace import Trace, replay_key
+from graphmon.model.window import UNTRACED_COLUMNS
 
 HOST_PID, LAUNCH_TID = "host", "graph launches"
 
@@ -49,8 +54,10 @@ def kept_rows(trace: Trace, max_events: int) -> np.ndarray:
     return np.flatnonzero(keep[inv])
 
 
-def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
-    """Chrome trace dict. ``ts``/``dur`` are microseconds (the format's unit), to 1 ns precision."""
+def to_chrome_trace(trace: Trace, max_events: int = 500_000, untraced: Optional[Mapping[str, np.ndarray]] = None) -> dict:
+    """Chrome trace dict. ``ts``/``dur`` are microseconds (the format's unit), to 1 ns precision.
+    ``untraced``: the window's untraced replay durations (graphmonTrace.untraced, whole: a cut
+    keeps every row)."""
     n = len(trace)
     rows = kept_rows(trace, max_events)
     truncated = len(rows) < n
@@ -115,7 +122,9 @@ def to_chrome_trace(trace: Trace, max_events: int = 500_000) -> dict:
         "displayTimeUnit": "ns",
         "otherData": {"generator": "graphmon", "base_time_ns": t0, "kernels": n, "truncated": truncated},
         # what `graphmon analyze` needs to answer as for the native form (formats.kineto reads it)
-        GRAPHMON_KEY: {"graphs": [asdict(g) for g in trace.graphs], "invalid_records": dict(trace.invalid)},
+        GRAPHMON_KEY: {"graphs": [asdict(g) for g in trace.graphs], "invalid_records": dict(trace.invalid),
+                       **({"untraced": {k: np.asarray(untraced[k]).tolist() for k in UNTRACED_COLUMNS}}
+                          if untraced is not None and len(untraced["duration_ns"]) else {})},
     }
     if truncated:
         doc[TRUNCATED_KEY] = {"kernels": n, "kernels_kept": int(len(idx)),

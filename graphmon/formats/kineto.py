@@ -28,6 +28,7 @@ from graphmon.formats.common import I64_MAX, MAX_CORRELATION, MAX_DEVICE, ReadLi
 from graphmon.formats.jsonstream import FloatText, JsonStream
 from graphmon.model.invalid import InvalidReason
 from graphmon.model.trace import Trace, TraceError
+from graphmon.model.window import no_untraced
 
 # Plain strings (not the enum members): helpers below return "an int or a reason" and tell the
 # two apart by type.
@@ -71,6 +72,7 @@ class _KinetoBuilder:
 
     def __init__(self, limits: ReadLimits):
         self.limits = limits
+        self.untraced = no_untraced()  # graphmonTrace.untraced (graphmon's own export only)
         self.start, self.end, self.stream, self.corr = array("q"), array("q"), array("q"), array("q")
         self.device, self.name_id = array("i"), array("i")
         self.names: dict[str, int] = {}
@@ -240,7 +242,7 @@ class _KinetoBuilder:
         if graphmon is not None:  # graphmon's export: each launch names its graph, with its metadata
             from graphmon.formats.native import graphmon_chrome_metadata
 
-            graphs, excluded = graphmon_chrome_metadata(graphmon, self.limits)
+            graphs, excluded, self.untraced = graphmon_chrome_metadata(graphmon, self.limits)
             launches["graph"] = np.array([r[3] if r[3] < len(graphs) else -1 for r in info], np.int32)
             for k, v in excluded.items():
                 invalid[k] = invalid.get(k, 0) + v
@@ -383,7 +385,9 @@ def _plain_meta(top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gzipped: bool) -> Trace:
+def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float,
+                gzipped: bool) -> tuple[Trace, dict[str, np.ndarray]]:
+    """The trace, and the untraced replay durations of graphmon's own export (empty otherwise)."""
     builder = _KinetoBuilder(limits)
     top: dict[str, Any] = {}
     with open(path, "rb") as raw, progress_bar(show, size, f"reading {os.path.basename(path)}") as bar:
@@ -415,7 +419,8 @@ def read_kineto(path: str, size: int, limits: ReadLimits, show: bool | float, gz
             binary.close()
     if not found:
         raise TraceError("no traceEvents list: not a Chrome trace")
-    return builder.build(path, _plain_meta(top), top.get(GRAPHMON_KEY))
+    trace = builder.build(path, _plain_meta(top), top.get(GRAPHMON_KEY))
+    return trace, builder.untraced
 
 
 def _events(js: JsonStream, builder: _KinetoBuilder) -> None:

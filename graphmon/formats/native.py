@@ -97,22 +97,29 @@ def _meta_model():
 @lru_cache(maxsize=1)
 def _chrome_model():
     """The graphmonTrace object of graphmon's Chrome export (formats.chrome): the same graph
-    metadata as meta_json's, and the window's invalid counts."""
+    metadata as meta_json's, the window's invalid counts and its untraced replay durations."""
     from pydantic import BaseModel, ConfigDict
 
     graph = _meta_model().model_fields["graphs"].annotation.__args__[0]
     count = _meta_model().model_fields["invalid"].annotation
 
+    class _Untraced(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        graph: list[int]
+        duration_ns: list[int]
+
     class _Chrome(BaseModel):
         model_config = ConfigDict(strict=True, extra="ignore")
         graphs: list[graph]  # type: ignore[valid-type]
         invalid_records: count = {}  # type: ignore[valid-type]
+        untraced: Optional[_Untraced] = None
 
     return _Chrome
 
 
-def graphmon_chrome_metadata(doc: Any, limits: ReadLimits) -> tuple[list[GraphInfo], dict[str, int]]:
-    """(graphs, invalid counts) of a Chrome export's graphmonTrace object; TraceError if malformed."""
+def graphmon_chrome_metadata(doc: Any, limits: ReadLimits) -> tuple[list[GraphInfo], dict[str, int], dict[str, np.ndarray]]:
+    """(graphs, invalid counts, untraced rows) of a Chrome export's graphmonTrace object; TraceError
+    if malformed (the rows checked as the native format's)."""
     from pydantic import ValidationError
 
     if isinstance(doc, dict) and isinstance(doc.get("graphs"), list) and len(doc["graphs"]) > limits.max_graphs:
@@ -123,7 +130,17 @@ def graphmon_chrome_metadata(doc: Any, limits: ReadLimits) -> tuple[list[GraphIn
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise TraceError(f"bad graphmonTrace metadata at {where}: {err['msg']}") from None
-    return [GraphInfo(**g.model_dump()) for g in m.graphs], dict(m.invalid_records)
+    untraced = no_untraced()
+    if m.untraced is not None:
+        try:
+            cols = {f"u_{k}": np.array(getattr(m.untraced, k), np.int64) for k in UNTRACED_COLUMNS}
+        except OverflowError:
+            raise TraceError("graphmonTrace.untraced: a value beyond 64 bits") from None
+        try:
+            untraced = read_native_untraced(cols, len(m.graphs), limits)
+        except TraceError as e:
+            raise TraceError(f"graphmonTrace.untraced: {e}") from None
+    return [GraphInfo(**g.model_dump()) for g in m.graphs], dict(m.invalid_records), untraced
 
 
 def _parse_meta(raw: bytes, limits: ReadLimits) -> dict[str, Any]:

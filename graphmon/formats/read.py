@@ -64,7 +64,8 @@ def read_trace_untraced(
     limits: ReadLimits | None = None,
 ) -> tuple[Trace, Mapping[str, np.ndarray]]:
     """:func:`read_trace`, and the untraced replay durations the file carries
-    (model.window.UNTRACED_COLUMNS; only graphmon's native format has them, empty otherwise)."""
+    (model.window.UNTRACED_COLUMNS; graphmon's native format and its Chrome export carry them, empty
+    otherwise)."""
     name = os.fspath(path)
     limits = limits or ReadLimits()
     try:
@@ -89,11 +90,11 @@ def read_trace_untraced(
         if head.startswith(b"PK"):
             return _read_npz(name, limits, show)
         if head.startswith(b"\x1f\x8b"):
-            return read_kineto(name, size, limits, show, gzipped=True), no_untraced()
+            return read_kineto(name, size, limits, show, gzipped=True)
         if head.startswith(b"\xef\xbb\xbf") or head.lstrip()[:1] in (b"{", b"["):
-            return read_kineto(name, size, limits, show, gzipped=False), no_untraced()
+            return read_kineto(name, size, limits, show, gzipped=False)
         if head.strip() == b"" and size > len(head):
-            return read_kineto(name, size, limits, show, gzipped=False), no_untraced()  # leading whitespace
+            return read_kineto(name, size, limits, show, gzipped=False)  # leading whitespace
         if head.startswith(b"\x28\xb5\x2f\xfd"):
             raise TraceError("zstd-compressed files are not supported; decompress first")
         raise TraceError(f"unrecognized format (starts with {head!r}); expected a graphmon npz, a raw CUPTI npz, a Chrome trace JSON or an Nsight Systems SQLite export")

@@ -54,12 +54,17 @@ class _Attached:
 
 
 class Recorder:
-    """Keeps windows for ``graphmon record`` and saves them as one native-format trace."""
+    """Keeps windows for ``graphmon record`` and saves them as one native-format trace, with each
+    window's untraced replay durations (their graph indices re-indexed to the merged trace's
+    graphs; rows that name no graph of their window are counted in meta ``untraced_left_out``).
+    Bounded as the windows are: ``windows`` of them (0: until saved), each window's untraced
+    rows already capped by its collector."""
 
     def __init__(self, path: str, windows: int = 0) -> None:
         self.path, self.max_windows = path, int(windows)
         self.who = ""  # the process it records, for messages ("rank 0 (pid 12)")
         self.traces: list = []
+        self.untraced: list = []  # per window: (its untraced rows, the graphs they index)
         self.observer_slowdowns: list = []
         self.lock = threading.Lock()
         self.saved = False
@@ -70,6 +75,7 @@ class Recorder:
             if self.max_windows and len(self.traces) >= self.max_windows:
                 return
             self.traces.append(window.trace)
+            self.untraced.append((window.untraced, window.trace.graphs))
             self.observer_slowdowns.append(window.observer_slowdown)
             full = self.max_windows and len(self.traces) >= self.max_windows
         if full:
@@ -85,14 +91,18 @@ class Recorder:
                 return self.path  # saved when its last window came: the same file
             if not self.traces:
                 return None
-            t = concat(self.traces)
-            meta = dict(t.meta)
-            meta.update(windows=len(self.traces), observer_slowdown=[s for s in self.observer_slowdowns])
             from dataclasses import replace
 
             from graphmon.formats.native import write_trace
+            from graphmon.model.window import reindex_untraced
 
-            write_trace(replace(t, meta=meta), self.path)
+            t = concat(self.traces)
+            untraced, left_out = reindex_untraced(self.untraced, t.graphs)
+            meta = dict(t.meta)
+            meta.update(windows=len(self.traces), observer_slowdown=[s for s in self.observer_slowdowns])
+            if left_out:
+                meta["untraced_left_out"] = left_out
+            write_trace(replace(t, meta=meta), self.path, untraced=untraced)
             self.saved = True
             return self.path
 

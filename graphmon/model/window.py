@@ -7,7 +7,7 @@ methods that touch a source, so the model imports nothing but the trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +25,29 @@ UNTRACED_COLUMNS = {"graph": np.int32, "duration_ns": np.int64}
 def no_untraced() -> dict[str, np.ndarray]:
     """Empty untraced columns (a window that timed no replay untraced)."""
     return {k: np.zeros(0, t) for k, t in UNTRACED_COLUMNS.items()}
+
+
+def reindex_untraced(parts: Sequence[tuple[Mapping[str, np.ndarray], Sequence[GraphInfo]]],
+                     graphs: Sequence[GraphInfo]) -> tuple[dict[str, np.ndarray], int]:
+    """The untraced rows of several windows as one table whose ``graph`` indexes ``graphs``: each
+    part is (its rows, the graphs its ``graph`` indexes); a graph is matched by key (its identity
+    within a process), -1 stays -1. Returns (rows, left out): a row whose graph index is outside
+    its window's graphs, whose graph's key ``graphs`` lacks, or whose duration is not > 0 is no
+    replay time of a known graph, and is counted rather than written (a reader refuses it)."""
+    index = {g.key: i for i, g in enumerate(graphs)}
+    out: dict[str, list] = {k: [] for k in UNTRACED_COLUMNS}
+    left_out = 0
+    for rows, own in parts:
+        g = np.asarray(rows.get("graph", ()), np.int64)
+        d = np.asarray(rows.get("duration_ns", ()), np.int64)
+        gmap = np.array([index.get(x.key, -2) for x in own] + [-1], np.int64)  # [-1]: graph -1 stays -1
+        ok = (g >= -1) & (g < len(own)) & (d > 0)
+        new = gmap[np.where(ok, g, -1)]
+        ok &= new >= -1  # -2: a key the merged graphs lack
+        left_out += int((~ok).sum())
+        out["graph"].append(new[ok])
+        out["duration_ns"].append(d[ok])
+    return {k: np.concatenate([np.zeros(0, t), *out[k]]).astype(t) for k, t in UNTRACED_COLUMNS.items()}, left_out
 
 
 @dataclass(frozen=True)

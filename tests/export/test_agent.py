@@ -97,6 +97,9 @@ def test_process_status_gives_each_graph_its_untraced_replay_time(agent):
     a.aggregator.ingest(Window(trace=trace, started_s=time.time() - 1, ended_s=time.time(),
                                untraced={"graph": np.zeros(3, np.int32),
                                          "duration_ns": np.array([200_000, 300_000, 700_000], np.int64)}))
+    wid = f"{a.series.tag}-{a.aggregator.snapshot().windows[-1]}"
+    kept, rows = agent.window_lookup(wid)  # the trace store keeps them for ?format=graphmon and /baseline
+    assert kept is agent.trace_lookup(wid) is trace and rows["duration_ns"].tolist() == [200_000, 300_000, 700_000]
     (g,) = [g for g in agent.process_status()[0]["graphs"] if g["graph"] == trace.graph_names()[0]]
     assert g["untraced_replay_seconds"] == pytest.approx(
         {"count": 3, "mean": 4e-4, "p10": 2.2e-4, "p50": 3e-4, "p90": 6.2e-4, "p99": 6.92e-4}, rel=1e-9)

@@ -232,7 +232,7 @@ def test_a_window_no_pool_holds_is_pinned_from_the_store_by_its_rank_tag(native)
     made again (a new tag) keeps its reference for the next process."""
     ws = windows_of(only(native, GRAPH))
     store = {}
-    v = DeployVerdict(lookup=store.get, max_replays=8)  # a pool keeps two windows (8 replays)
+    v = DeployVerdict(lookup=lambda i: (store[i], None) if i in store else None, max_replays=8)  # a pool keeps 2 windows (8 replays)
     try:
         v1 = Proc(pid=100)
         ids = []
@@ -253,6 +253,29 @@ def test_a_window_no_pool_holds_is_pinned_from_the_store_by_its_rank_tag(native)
         assert v.results[("0", "previous")].reference_pid == "100"
         store["r2-w9"] = ws[6]  # a window of the new series that no pool holds
         assert v.pin("r2-w9") and v.describe()["rank"] == "0" and v.describe()["windows"] == 1
+    finally:
+        v.stop()
+
+
+def test_a_window_pinned_from_the_store_brings_its_untraced_rows(native):
+    """The trace store keeps each window's untraced rows (graphmon.export.tracestore): a window no pool
+    holds any more, pinned from it, is compared with them, not reported absent (issue 36)."""
+    from helpers import untraced_rows
+
+    ws = windows_of(only(native, GRAPH))
+    p = Proc(pid=100)
+    v = DeployVerdict(lookup=lambda i: p.aggregator.store.entry(i.partition("-")[2]), max_replays=8)
+    try:
+        ids = [p.send(v, w, untraced=untraced_rows(w)) for w in ws[:4]]
+        assert _settled(v, 2) and ids[0] not in [w.window_id for w in v._ranks["0"].current.windows]
+        assert v.pin(ids[0]) and v.describe()["windows"] == 1  # from the store, alone
+        for w in ws[4:6]:
+            p.send(v, w, untraced=untraced_rows(w, 1.012))
+        assert wait_until(lambda: (r := v.results.get(("0", "pinned"))) is not None and r.current_windows == 2,
+                          timeout=30)
+        r = v.results[("0", "pinned")]  # pooling: one window of 4 replays is too few for a verdict
+        assert r.state == "pooling" and r.reference_windows == 1 and r.untraced_left_out == 0
+        assert r.reference_untraced == {GRAPH: 4} and r.current_untraced[GRAPH] >= 8  # the pinned window's own rows
     finally:
         v.stop()
 

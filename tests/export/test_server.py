@@ -527,3 +527,33 @@ def test_trace_chrome_export_analyzes_as_the_native_form_of_the_window(source, t
         assert all(g.get("launch_latency_ns") is None for g in graphs)
     else:
         assert all(g["launch_latency_ns"]["p50"] > 0 for g in graphs)
+
+
+def test_native_downloads_carry_the_windows_untraced_rows_and_compare_uses_them(real_trace, tmp_path, capsys):
+    """GET /trace/<id>?format=graphmon writes the window's untraced replay durations (issue 36), so
+    ``graphmon compare`` of two downloads applies the untraced rule: +1.2% untraced alone fails
+    (kind untraced), a traced widening whose untraced time fell is observer_only (exit 0)."""
+    from graphmon.cli import main
+    from graphmon.formats.read import read_trace_untraced
+    from helpers import HELD_OUT_GRAPH, held_out_concentrated, untraced_rows
+
+    _, widened = held_out_concentrated(real_trace)
+    ex, c = make(real_trace)
+    rows = {"w1": untraced_rows(real_trace, 1.0, which=0), "w2": untraced_rows(real_trace, 1.012, which=1),
+            "w3": untraced_rows(real_trace, 0.8, which=1)}
+    for t, wid in ((real_trace, "w1"), (real_trace, "w2"), (widened, "w3")):
+        ex.aggregator.ingest(window(t, untraced=rows[wid]))
+    paths = {}
+    for wid in rows:
+        r = c.get(f"/trace/{wid}?format=graphmon")
+        assert r.status_code == 200
+        paths[wid] = tmp_path / f"{wid}.graphmon.npz"
+        paths[wid].write_bytes(r.content)
+    _, u = read_trace_untraced(paths["w1"], progress=False)
+    assert all(np.array_equal(u[k], rows["w1"][k]) for k in u)
+    assert main(["compare", "--format", "json", str(paths["w1"]), str(paths["w2"])]) == 1
+    doc = json.loads(capsys.readouterr().out)["verdict"]
+    assert doc["untraced"] == "measured" and {g["kind"] for g in doc["graphs"]} == {"untraced"}
+    assert main(["compare", str(paths["w1"]), str(paths["w3"])]) == 0
+    out = capsys.readouterr().out
+    assert f"graph {HELD_OUT_GRAPH} (device 0): widened" in out and "observer_only, not a regression" in out

@@ -184,3 +184,38 @@ def test_malformed_graphmon_metadata_is_one_error(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match="graphmonTrace metadata at graphs.0.upload_mode"):
         read_trace(path, progress=False)
+
+
+def test_untraced_rows_ride_in_graphmon_trace_and_read_back(tmp_path):
+    """The window's untraced replay durations (issue 36) in graphmonTrace.untraced: read back by
+    read_trace_untraced, indexing the same graphs; whole even where the kernels are cut; a file
+    without them has none; malformed rows are one TraceError."""
+    import json
+
+    from graphmon.formats.read import read_trace_untraced
+    from graphmon.model.trace import TraceError
+    from helpers import NATIVE, untraced_rows
+
+    t = read_trace(NATIVE, progress=False)
+    t = t.select(np.isin(t.correlation_id, np.unique(t.correlation_id[t.graph >= 0])[:24]))
+    rows = untraced_rows(t, 1.0)
+    rows = {k: np.r_[v, -1 if k == "graph" else 7] for k, v in rows.items()}  # and one of an unknown graph
+    doc = to_chrome_trace(t, max_events=len(t) // 2, untraced=rows)
+    assert doc["graphmonTruncated"] and len(doc["graphmonTrace"]["untraced"]["graph"]) == len(rows["graph"])
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    back, u = read_trace_untraced(path, progress=False)
+    assert all(np.array_equal(u[k], rows[k]) for k in rows) and u["graph"].dtype == np.int32
+    assert [g.key for g in back.graphs[: len(t.graphs)]] == [g.key for g in t.graphs]  # the graphs it indexes
+    path.write_text(json.dumps(to_chrome_trace(t)))
+    assert len(read_trace_untraced(path, progress=False)[1]["graph"]) == 0
+    for bad, msg in (({"graph": [0], "duration_ns": [0]}, "u_duration_ns must be > 0"),
+                     ({"graph": [99], "duration_ns": [5]}, "u_graph must index"),
+                     ({"graph": [0, 0], "duration_ns": [5]}, "differ in length"),
+                     ({"graph": [0], "duration_ns": [2**70]}, "beyond 64 bits"),
+                     ({"graph": [0.5], "duration_ns": [5]}, "bad graphmonTrace metadata at untraced.graph")):
+        d = to_chrome_trace(t)
+        d["graphmonTrace"]["untraced"] = bad
+        path.write_text(json.dumps(d))
+        with pytest.raises(TraceError, match=msg):
+            read_trace_untraced(path, progress=False)

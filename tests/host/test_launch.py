@@ -89,6 +89,12 @@ def test_enough_windows_is_a_success(tmp_path):
                      flags=("--interval-s", "0.05", "--window-launches", "4", "--max-traced-share", "1"))
     assert r.returncode == 0, r.stderr
     assert _lines(r) == [] and "graphmon: recorded 1 window to" in r.stderr and out.exists()
+    from graphmon.formats.read import read_trace_untraced
+
+    # the window's reference phase timed launches untraced (the fake GPU's CUDA events): the file has them
+    t, u = read_trace_untraced(out, progress=False)
+    assert len(u["graph"]) > 0 and (u["graph"] >= 0).all() and (u["duration_ns"] > 0).all()
+    assert {t.graphs[g].key for g in u["graph"].tolist()} <= {t.graphs[g].key for g in t.launches["graph"] if g >= 0}
 
 
 def test_help_names_the_exit_codes():
