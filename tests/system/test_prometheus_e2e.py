@@ -58,7 +58,7 @@ AGENT_ONLY_METRICS = {
     "graphmon_empty_windows_total", "graphmon_processes_lost_total", "graphmon_processes",
     # the deploy verdict compares processes of a rank: tests/system/test_deploy_e2e.py checks them
     "graphmon_deploy_regression", "graphmon_deploy_stream_regression", "graphmon_deploy_gap_shift_seconds",
-    "graphmon_deploy_gap_added_seconds", "graphmon_deploy_reference_age_seconds",
+    "graphmon_deploy_gap_added_seconds", "graphmon_deploy_reference_age_seconds", "graphmon_deploy_untraced_shift_seconds",
     "graphmon_agent_up", "graphmon_agent_expects_processes", "graphmon_agent_connections_rejected_total", "graphmon_agent_frames_rejected_total",
     "graphmon_agent_windows_dropped_total", "graphmon_link_windows_dropped_total", "graphmon_link_reconnects_total",
 }
