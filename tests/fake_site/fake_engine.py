@@ -6,7 +6,8 @@
     python -m fake_engine torchrun N   launcher -> N workers with LOCAL_RANK/RANK in the environment
     python -m fake_engine plain N M    parent starts N graph workers with start method M, no LOCAL_RANK
     python -m fake_engine sequence     rank 0 restarted: worker v1 until the file FAKE_V1_STOP exists,
-                                       then v2 (FAKE_V2_EXTRA_GAP_NS wider gaps) in its place
+                                       then v2 in its place, another build: each FAKE_V2_<KNOB> is v2's
+                                       FAKE_<KNOB> (torch/cuda/graphs.py), e.g. FAKE_V2_EXTRA_GAP_NS
 
 Workers replay their graph every 2 ms until the file named by FAKE_STOP exists (or 60 s).
 """
@@ -94,11 +95,13 @@ def main(argv):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         _replay_loop()
     elif shape == "sequence":
+        v2 = {"FAKE_" + k.removeprefix("FAKE_V2_"): v for k, v in os.environ.items() if k.startswith("FAKE_V2_")}
         for version in ("1", "2"):
-            env = dict(os.environ, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1",
-                       FAKE_EXTRA_GAP_NS=os.environ.get("FAKE_V2_EXTRA_GAP_NS", "0") if version == "2" else "0")
+            env = dict(os.environ, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
             if version == "1":
                 env["FAKE_STOP"] = os.environ["FAKE_V1_STOP"]
+            else:
+                env.update(v2)
             subprocess.Popen([sys.executable, "-m", "fake_engine", "env_worker"], env=env).wait()
     elif shape == "plain":
         ctx = mp.get_context(argv[2] if len(argv) > 2 else "spawn")
