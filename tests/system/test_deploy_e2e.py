@@ -184,8 +184,9 @@ def test_a_restart_under_one_agent_pages_only_on_a_slower_replay(tmp_path, monke
             assert held, "the verdict with its untraced time did not reach Prometheus"
         # Every kind but the page's stayed 0 while the untraced time was measured, and no other deploy
         # alert fired (Prometheus's own ALERTS series, over the whole run).
-        measured = prom.query(f'max_over_time((graphmon_deploy_regression{{graph="cap1",kind!="{kind}"}} and on '
-                              '(job, instance, rank, device, graph, reference) graphmon_deploy_untraced_shift_seconds)[5m:1s])')
+        measured = prom.query(f'max_over_time((graphmon_deploy_regression{{graph="cap1",kind!="{kind}"}} '
+                              'and on (job, instance, rank, device, graph, reference) '
+                              'graphmon_deploy_untraced_shift_seconds)[5m:1s])')
         assert len(measured) == (3 if alert else 4) and all(float(m["value"][1]) == 0 for m in measured), measured
         fired = prom.query('count_over_time(ALERTS{alertstate="firing",alertname=~"GraphmonDeploy.*"}[5m])')
         assert {m["metric"]["alertname"] for m in fired} == ({alert} if alert else set()), fired
