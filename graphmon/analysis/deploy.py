@@ -36,9 +36,7 @@ mixed) and decides, per matched graph:
   without a traced regression whose untraced median rose by at least ``untraced_rise_rel`` (and
   ``min_added_ns``), interval above 0, is a regression of kind ``untraced`` (the launch or the
   kernels got slower; no gap says which). With ``insufficient`` or ``absent`` the traced rule
-  alone decides and the verdict says which, except that a young process (``Gate.await_untraced``,
-  set by the agent) whose reference has enough durations and which has some but too few waits
-  for them: kind ``awaiting_untraced``, no page. ``Gate(net_harm=False)`` keeps the strict rule: any
+  alone decides and the verdict says which. ``Gate(net_harm=False)`` keeps the strict rule: any
   widening, no veto (an untraced rise still pages).
 - **kind**: the widening's boundary verdict (``uniform`` | ``concentrated`` | ``mixed``);
   ``uniform`` when compare flags a stream but no boundary widened (a spread shift below the widened
@@ -98,11 +96,6 @@ class Gate:
     # Durations per side before the untraced time is tested: the untraced kind pages on its own
     # evidence, so it asks for more than the traced tests' min_replays (5); a burst times hundreds.
     min_untraced: int = 20
-    # The agent sets this while the current process is young (export/deploy.py): a traced
-    # regression whose reference has min_untraced durations and whose current side has some but
-    # fewer waits for them (kind awaiting_untraced, no page) instead of deciding on the traced
-    # rule alone; a current side with none (untraced timing off there) does not wait.
-    await_untraced: bool = False
 
     def __post_init__(self) -> None:
         if not (self.min_added_ns >= 0 and self.min_added_rel >= 0
@@ -245,9 +238,6 @@ class Verdict:
         for g in self.graphs:
             if g.regression:
                 state = f"REGRESSION ({g.kind}, {g.why})"
-            elif g.kind == "awaiting_untraced":
-                state = (f"widened ({g.widening_kind}, {g.why}) and slower traced; awaiting the untraced replay "
-                         f"time ({g.untraced}) before it can be a regression")
             elif g.kind == "observer_only":
                 state = (f"widened ({g.widening_kind}, {g.why}) and slower traced, but the untraced replay time "
                          f"is {g.untraced}: observer_only, not a regression")
@@ -323,9 +313,6 @@ def judge(comparison: Comparison, attribution: Attribution, gate: Optional[Gate]
         why = "streams" if by_streams else "boundaries" if by_bounds else ""
         if traced and gate.net_harm and ueff in ("faster", "unchanged"):
             kind, regression = "observer_only", False  # tracing widened it; untraced, the replay is no slower
-        elif (traced and gate.net_harm and gate.await_untraced and ueff == "insufficient"
-              and ushift.replays_baseline >= gate.min_untraced):
-            kind, regression = "awaiting_untraced", False  # the durations that decide are on their way
         elif traced:
             kind, regression = wkind, True
         elif untraced_rose(ushift, gate):

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from graphmon.analysis.boundaries import attribute
@@ -55,10 +55,6 @@ QUEUE_MAX = 64
 MAX_RANKS = 256
 MAX_TOTAL_BYTES = 256 * 2**20
 BUSY_SHARE = 0.25  # the verdict thread computes at most this share of the time
-# A traced regression waits for the current process's untraced durations while its pool holds
-# fewer windows than this: a collector timing untraced brings >= 20 within a few windows (4 in
-# each window's reference phase, 128 a burst every 30 s), and the wait must end where it does not.
-AWAIT_UNTRACED_WINDOWS = 12
 TOP_BOUNDARIES = 5
 
 
@@ -441,9 +437,7 @@ class DeployVerdict:
             cmp_ = compare(b, c, thresholds=th)
             attr = attribute(b, c, top=self.top, min_shift_ns=th.min_shift_ns, min_rel=th.min_rel,
                              min_replays=th.min_replays)
-            # a young process's untraced durations are still arriving (analysis.deploy, awaiting_untraced)
-            gate = replace(self.gate, await_untraced=len(cur.windows) < AWAIT_UNTRACED_WINDOWS)
-            verdict = judge(cmp_, attr, gate, untraced=(ub, uc))
+            verdict = judge(cmp_, attr, self.gate, untraced=(ub, uc))
             res = Result(state="ready", verdict=verdict, boundaries=attr.to_json(),
                          computed_s=time.time(), compute_seconds=time.monotonic() - t0, **base)
             self.computations["ok"] += 1

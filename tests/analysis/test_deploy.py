@@ -86,8 +86,7 @@ def test_json_and_table(native):
     doc = v.to_json()
     assert doc["regression"] is True
     assert doc["gate"] == {"min_added_ns": 1000.0, "min_added_rel": 0.02, "net_harm": True,
-                           "untraced_confirm_rel": 0.005, "untraced_rise_rel": 0.01, "min_untraced": 20,
-                           "await_untraced": False}
+                           "untraced_confirm_rel": 0.005, "untraced_rise_rel": 0.01, "min_untraced": 20}
     g = next(x for x in doc["graphs"] if x["graph"] == HELD_OUT_GRAPH)
     assert g["kind"] == "concentrated" and g["streams"][0]["ci_low_ns"] is not None
     assert g["net"] == "slower" and g["span"]["shift_ns"] == 5000 and g["span"]["ci_low_ns"] > 0
@@ -247,27 +246,6 @@ def test_without_untraced_durations_the_verdict_is_todays_and_says_absent(native
     g2 = _graph(v, HELD_OUT_GRAPH)
     assert g2.regression and g2.kind == "concentrated" and g2.untraced == "insufficient" and not g2.untraced_replay.tested
     assert v.untraced == "insufficient"
-
-
-def test_a_young_process_awaits_its_untraced_durations_before_a_traced_page(native):
-    """With Gate.await_untraced (the agent's young process), a traced regression whose reference
-    has enough untraced durations and whose current side has some but too few waits: kind
-    awaiting_untraced, no page. With none on the current side, or no wait asked, the traced rule
-    decides as before; with enough, the untraced time decides (here: faster, observer_only)."""
-    _, cur = held_out_concentrated(native)
-    ub, uc = _untraced(native, cur)
-    few_current = (ub, {k: x[:10] * 0.8 for k, x in uc.items()})
-    waiting = Gate(await_untraced=True)
-    g = _graph(deploy_verdict(native, cur, untraced=few_current, gate=waiting), HELD_OUT_GRAPH)
-    assert g.kind == "awaiting_untraced" and not g.regression and g.widening_kind == "concentrated"
-    assert g.untraced == "insufficient"
-    assert "awaiting the untraced replay time" in deploy_verdict(native, cur, untraced=few_current, gate=waiting).format_table()
-    for u, gate in ((few_current, Gate()), ((ub, {}), waiting), (({k: x[:10] for k, x in ub.items()}, uc), waiting)):
-        g = _graph(deploy_verdict(native, cur, untraced=u, gate=gate), HELD_OUT_GRAPH)
-        assert g.regression and g.kind == "concentrated", (gate, g.untraced)
-    g = _graph(deploy_verdict(native, cur, untraced=(ub, {k: x * 0.8 for k, x in uc.items()}), gate=waiting),
-               HELD_OUT_GRAPH)
-    assert g.kind == "observer_only" and not g.regression
 
 
 def test_the_rollback_still_does_not_page_with_untraced_durations(native):

@@ -443,32 +443,6 @@ def test_a_widening_whose_untraced_time_falls_is_observer_only_and_does_not_page
     assert doc["untraced_rel_shift"] == pytest.approx(-0.2, abs=0.01)
 
 
-@pytest.mark.parametrize("await_windows, kind", [(12, "awaiting_untraced"), (2, "uniform")])
-def test_a_young_process_awaits_its_untraced_durations(native, verdict, monkeypatch, await_windows, kind):
-    """The current process has sent 3 windows (12 untraced durations, < 20): its traced widening
-    waits for the rest (awaiting_untraced, nothing at 1) while its pool is younger than
-    AWAIT_UNTRACED_WINDOWS windows; past that the traced rule decides alone."""
-    import graphmon.export.deploy as deploy_mod
-    from helpers import untraced_rows
-
-    monkeypatch.setattr(deploy_mod, "AWAIT_UNTRACED_WINDOWS", await_windows)
-    t = only(native, GRAPH)
-    ws, cws = windows_of(t), windows_of(widen(t, 0))
-    v1, v2 = Proc(pid=100), None
-    for w in ws[:6]:
-        v1.send(verdict, w, untraced=untraced_rows(w))
-    assert _settled(verdict, 6)
-    v2 = Proc(pid=200, after=v1)
-    for w, cw in zip(ws[6:9], cws[6:9]):
-        v2.send(verdict, cw, untraced=untraced_rows(w, 0.8))
-    assert wait_until(lambda: verdict.results.get(("0", "previous")) is not None
-                      and verdict.results[("0", "previous")].current_windows == 3, timeout=30)
-    (g,) = verdict.results[("0", "previous")].verdict.graphs
-    assert g.widening and g.untraced == "insufficient" and g.kind == kind and g.regression == (kind == "uniform")
-    regs = _gauges(metrics(verdict), "graphmon_deploy_regression")
-    assert sum(regs.values()) == (kind == "uniform")
-
-
 def test_a_widening_whose_untraced_time_rises_too_pages(native, verdict):
     _, g = _untraced_restart(verdict, native, GRAPH, lambda t: widen(t, 0), 1.0, 1.01)
     assert g.regression and g.kind == "uniform" and g.untraced == "slower"
