@@ -39,7 +39,7 @@ from graphmon.analysis.deploy import Gate
 # engines, and a real Prometheus on loopback.
 _trees = load_script(ROOT / "tests" / "system" / "test_agent_trees.py", "_deploy_e2e_trees")
 _prom = load_script(ROOT / "tests" / "system" / "test_prometheus_e2e.py", "_deploy_e2e_prom")
-Run, Prom, _free_port, _stop, _wait_http = _trees.Run, _prom.Prom, _prom._free_port, _prom._stop, _prom._wait_http
+Run, Prom, _stop = _trees.Run, _prom.Prom, _prom._stop
 # The fleet bench's builds on the fake GPU (their FAKE_<KNOB>s, tests/fake_site/torch/cuda/graphs.py):
 # issue 36's acceptance workloads, as bench/deploy/fleet.py runs them.
 BUILDS = load_script(ROOT / "bench" / "common" / "fleet_pods.py", "_deploy_e2e_pods").BUILDS
@@ -80,16 +80,9 @@ def _prometheus(tmp_path, target: str) -> tuple[subprocess.Popen, Prom]:
 
 def start_prometheus(tmp_path, rules, scrape_configs: list) -> tuple[subprocess.Popen, Prom]:
     """A real Prometheus on loopback scraping and evaluating every second (tests/system/test_fleet_e2e.py too)."""
-    port = _free_port()
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
               "scrape_configs": scrape_configs}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = tmp_path / "prometheus.log"
-    proc = subprocess.Popen([require_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--log.level=warn"], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path)
-    _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log, time.monotonic() + 40)
-    return proc, Prom(f"http://127.0.0.1:{port}")
+    return _prom.start_prometheus(tmp_path, config, time.monotonic() + 40)
 
 
 def _firing(prom: Prom, alertname: str) -> list[dict]:

@@ -118,6 +118,24 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> 
     pytest.fail(f"{url} not ready in time:\n{log.read_text()[-3000:]}")
 
 
+def start_prometheus(tmp: Path, config: dict, deadline: float) -> tuple[subprocess.Popen, Prom]:
+    """A real Prometheus on loopback with ``config`` (prometheus.yml as a dict), its data and
+    ``prometheus.log`` in ``tmp``, ready by ``deadline`` (else it is stopped and the test fails
+    with its log). The fleet and deploy end-to-end tests start theirs here too."""
+    port = _free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = tmp / "prometheus.log"
+    proc = subprocess.Popen([require_binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log, deadline)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, Prom(f"http://127.0.0.1:{port}")
+
+
 class Prom:
     def __init__(self, base: str):
         self.base = base
@@ -137,7 +155,7 @@ class Prom:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    prometheus = require_binary("prometheus")
+    require_binary("prometheus")  # before anything starts: a skip (a failure under GRAPHMON_REQUIRE_PROMETHEUS)
     tmp = tmp_path_factory.mktemp("e2e")
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     procs: list[subprocess.Popen] = []
@@ -156,21 +174,14 @@ def stack(tmp_path_factory):
         for addr, proc, log in targets:
             _wait_http(f"http://{addr}/metrics", proc, log, deadline)
 
-        prom_port = _free_port()
         config = {
             "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
             "rule_files": [str(ALERTS)],
             "scrape_configs": [{"job_name": "graphmon", "static_configs": [{"targets": [t[0] for t in targets]}]}],
         }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        proc, prom = start_prometheus(tmp, config, deadline)
+        procs.append(proc)
         plog = tmp / "prometheus.log"
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-            stdout=plog.open("w"), stderr=subprocess.STDOUT, cwd=tmp))
-        base = f"http://127.0.0.1:{prom_port}"
-        _wait_http(base + "/-/ready", procs[-1], plog, deadline)
-        prom = Prom(base)
         # Data is "there" when both targets have been scraped often enough for rate() over the
         # window to see counters move.
         while True:
@@ -371,14 +382,14 @@ def test_prometheus_scrapes_a_tls_and_basic_auth_target(tmp_path):
 
     from helpers import make_pki
 
-    prometheus = require_binary("prometheus")
+    require_binary("prometheus")  # before anything starts: a skip (a failure under GRAPHMON_REQUIRE_PROMETHEUS)
     pki = make_pki(tmp_path)
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {pki['cert']}\n  key_file: {pki['key']}\nbasic_auth_users:\n"
                    f"  prometheus: '{bcrypt.hashpw(b'scrape-me', bcrypt.gensalt(rounds=4)).decode()}'\n")
     (tmp_path / "pw").write_text("scrape-me")
     (tmp_path / "bad").write_text("nope")
-    port, prom_port = _free_port(), _free_port()
+    port = _free_port()
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     procs = []
     try:
@@ -395,15 +406,9 @@ def test_prometheus_scrapes_a_tls_and_basic_auth_target(tmp_path):
             {"job_name": "graphmon-tls", **job, "basic_auth": {"username": "prometheus", "password_file": str(tmp_path / "pw")}},
             {"job_name": "graphmon-wrong-password", **job,
              "basic_auth": {"username": "prometheus", "password_file": str(tmp_path / "bad")}}]}
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        proc, prom = start_prometheus(tmp_path, config, deadline)
+        procs.append(proc)
         plog = tmp_path / "prometheus.log"
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-            stdout=plog.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path))
-        base = f"http://127.0.0.1:{prom_port}"
-        _wait_http(base + "/-/ready", procs[-1], plog, deadline)
-        prom = Prom(base)
         while True:
             health = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in prom.get("/api/v1/targets")["activeTargets"]}
             if health.get("graphmon-tls", ("",))[0] == "up" and health.get("graphmon-wrong-password", ("",))[0] == "down":
