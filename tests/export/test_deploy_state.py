@@ -51,16 +51,23 @@ def test_a_pool_round_trips_window_by_window(tmp_path, graph_trace):
     assert sd.load() == [] and os.listdir(tmp_path) == []
 
 
+def _pooled_then_stopped(tmp_path, proc, windows) -> None:
+    """An agent (its verdict with --state-dir ``tmp_path``) pools ``windows`` of ``proc`` and
+    stops: its stop writes what pooled since the last periodic save."""
+    v = DeployVerdict(state=StateDir(str(tmp_path)))
+    for w in windows:
+        proc.send(v, w)
+    assert wait_until(lambda: v.idle and "0" in v._ranks and len(v._ranks["0"].current.windows) == len(windows),
+                      timeout=30)
+    v.stop()
+
+
 def test_the_reference_survives_an_agent_restart(tmp_path, graph_trace):
     """Process A pools 4 windows under agent 1, which stops; agent 2 reads the state back and
     compares process B (another build, widened) with A from B's second window."""
     ws = windows_of(graph_trace)
-    v1 = DeployVerdict(state=StateDir(str(tmp_path)))
     a = Proc(pid=1, start="100.0")
-    for w in ws[:4]:
-        a.send(v1, w)
-    assert wait_until(lambda: v1.idle and "0" in v1._ranks and len(v1._ranks["0"].current.windows) == 4, timeout=30)
-    v1.stop()  # the agent's stop writes what pooled since the last periodic save
+    _pooled_then_stopped(tmp_path, a, ws[:4])
     v2 = DeployVerdict(state=StateDir(str(tmp_path)))
     try:
         assert v2._ranks["0"].current.replays() == {f"0/{GRAPH}": 16} and not v2.results
@@ -82,12 +89,8 @@ def test_the_reference_survives_an_agent_restart(tmp_path, graph_trace):
 
 def test_the_same_process_reconnecting_to_a_restarted_agent_keeps_its_pool(tmp_path, graph_trace):
     ws = windows_of(graph_trace)
-    v1 = DeployVerdict(state=StateDir(str(tmp_path)))
     a = Proc(pid=5, start="100.0")
-    for w in ws[:3]:
-        a.send(v1, w)
-    assert wait_until(lambda: v1.idle and "0" in v1._ranks and len(v1._ranks["0"].current.windows) == 3, timeout=30)
-    v1.stop()
+    _pooled_then_stopped(tmp_path, a, ws[:3])
     v2 = DeployVerdict(state=StateDir(str(tmp_path)))
     try:
         again = Proc(pid=5, start="100.0", incarnation="i-new-connection")
