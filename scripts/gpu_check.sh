@@ -26,6 +26,12 @@ $PY setup.py -q build_ext --inplace >"$OUT/all/build-native.txt" 2>&1 || echo "n
 SECTIONS=${GPU_CHECK_SECTIONS:-tests,e2e,live}
 IMPACT_ARGS=${IMPACT_ARGS:---rounds 3 --max-phase-s 16 --paired-s 40 --block-s 2}
 has() { case ",$SECTIONS," in *",$1,"*) return 0;; esac; return 1; }
+# a Prometheus binary carried as .prom/prometheus.xz (the device has none) -> /tmp/prometheus, so
+# that the shipped rules fire for real; false when none is carried
+unpack_prometheus() {
+  [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))" \
+    && chmod +x /tmp/prometheus
+}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   $PY -c "import cupti, importlib.metadata as m; print('cupti-python', m.version('cupti-python'))"
@@ -109,11 +115,8 @@ if has impact; then
 fi
 if has deploy; then
   echo "== a deploy under one agent: decode v1 -> v2 (memcpy nodes) -> v3, HF h1 -> h2 (bench/deploy/deploy_restart.py)"
-  # a Prometheus binary carried as .prom/prometheus.xz (the device has none): the shipped rules fire for real
   PROM_ARGS=()
-  if [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))"; then
-    chmod +x /tmp/prometheus && PROM_ARGS=(--prometheus /tmp/prometheus)
-  fi
+  if unpack_prometheus; then PROM_ARGS=(--prometheus /tmp/prometheus); fi
   timeout 340 $PY bench/deploy/deploy_restart.py --out "$OUT/all/deploy" --timeout-s 330 "${PROM_ARGS[@]}" > "$OUT/all/deploy-restart.log" 2>&1; echo "exit $?"
   cp "$OUT/all/deploy/deploy-restart.json" "$OUT/" 2>/dev/null
   grep -h "^rank " "$OUT/all/deploy-restart.log" | tee "$OUT/deploy-restart-summary.txt"
@@ -129,9 +132,7 @@ if has fleet; then
   # FLEET_WORKLOADS=widened,identical,rollback (issue 35) or eventrec,plus1 (issue 36), one call each
   echo "== fleet deploy verdict (bench/deploy/fleet.py --workloads ${FLEET_WORKLOADS:=widened,identical,rollback})"
   PROM=prometheus
-  if [ -f .prom/prometheus.xz ] && $PY -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.prom/prometheus.xz'), open('/tmp/prometheus', 'wb'))"; then
-    chmod +x /tmp/prometheus && PROM=/tmp/prometheus
-  fi
+  if unpack_prometheus; then PROM=/tmp/prometheus; fi
   timeout 560 $PY bench/deploy/fleet.py --out "$OUT/all/fleet" --prometheus "$PROM" --workloads "$FLEET_WORKLOADS" \
     > "$OUT/all/fleet.log" 2>&1; echo "exit $?"
   cp "$OUT/all/fleet/deploy-fleet.json" "$OUT/" 2>/dev/null
