@@ -73,9 +73,9 @@ def _segments(start, end, dev, corr, graph) -> tuple[ReplaySegments, np.ndarray]
     return segs, counts
 
 
-def _stream_table(stream: np.ndarray):
-    """(rank of each stream id, int16/int32) via a lookup table, and the ids by rank."""
-    lo, hi = int(stream.min()), int(stream.max())
+def _stream_table(stream: np.ndarray, lo: int, hi: int):
+    """(rank of each stream id, int16/int32) via a lookup table, and the ids by rank; ``lo``,
+    ``hi``: the column's min and max."""
     if hi - lo >= 1 << 22:
         ids, inv = np.unique(stream, return_inverse=True)
         return inv.reshape(-1).astype(np.int32), ids.astype(stream.dtype)
@@ -127,7 +127,7 @@ def _group_ids(stream, segs: ReplaySegments, counts):
     if lo >= 0 and len(dg_ids) * (hi + 1) < INT16_GROUPS:
         slot, stream_ids = stream.astype(np.int16), np.arange(hi + 1, dtype=stream.dtype)
     else:
-        slot, stream_ids = _stream_table(stream)
+        slot, stream_ids = _stream_table(stream, lo, hi)
     nslots = len(stream_ids)
     ngroups = len(dg_ids) * nslots
     if len(dg_ids) == 1:
